@@ -1,0 +1,160 @@
+"""Render kernel source from the Jinja templates in the top-level `codegen_templates/`.
+
+Each kernel family has one template, `codegen_templates/<family>.py.j2`. A template sees:
+- `kernel_name`: the function name to define;
+- `inputs` / `outputs`: lists of `TensorArg` (name, shape, dtype as an `nl.` expression, ...);
+- every key of the KernelSpec's `params`;
+- helpers: `nl_dtype(torch_dtype_name)`, `cdiv(a, b)`, `tiles(extent, size)`, `prod(seq)`.
+Shared macros live in `codegen_templates/_*.py.j2` files and are imported by family templates.
+Rendering is strict (undefined names raise) and deterministic: the same spec renders
+byte-identical source, which keys the kernel cache.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import hashlib
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import jinja2
+import torch
+import torch.fx as fx
+
+from ..lowering.ir import KernelSpec
+
+NL_DTYPES = {
+    torch.float32: "nl.float32", torch.bfloat16: "nl.bfloat16", torch.float16: "nl.float16",
+    torch.float8_e4m3fn: "nl.float8_e4m3", torch.float8_e5m2: "nl.float8_e5m2",
+    torch.int8: "nl.int8", torch.int16: "nl.int16", torch.int32: "nl.int32", torch.uint8: "nl.uint8",
+    torch.bool: "nl.uint8",
+    # NKI has no 64-bit types on chip: int64 HBM tensors are moved through int32 tiles.
+    torch.int64: "nl.int32",
+}
+
+
+class TemplateError(RuntimeError):
+    """A template failed to render, or rendered source that is not valid Python."""
+
+
+def templates_dir() -> Path:
+    """The templates shipped in the wheel, or the top-level folder of a source checkout."""
+    installed = Path(__file__).resolve().parent.parent / "codegen_templates"
+    if installed.is_dir():
+        return installed
+    return Path(__file__).resolve().parents[2] / "codegen_templates"
+
+
+def nl_dtype(dtype: torch.dtype) -> str:
+    try:
+        return NL_DTYPES[dtype]
+    except KeyError:
+        raise TemplateError(f"dtype {dtype} has no NKI on-chip equivalent") from None
+
+
+@dataclass(frozen=True)
+class TensorArg:
+    """A kernel argument or result as templates see it."""
+
+    name: str
+    shape: tuple[int, ...]
+    torch_dtype: torch.dtype
+
+    @property
+    def dtype(self) -> str:
+        """The on-chip NKI dtype expression, e.g. 'nl.bfloat16'."""
+        return nl_dtype(self.torch_dtype)
+
+    @property
+    def hbm_dtype(self) -> str:
+        """The dtype of the HBM tensor itself (int64 stays int64 in HBM)."""
+        return "nl.int64" if self.torch_dtype == torch.int64 else self.dtype
+
+    @property
+    def itemsize(self) -> int:
+        return torch.empty((), dtype=self.torch_dtype).element_size()
+
+    @property
+    def rank(self) -> int:
+        return len(self.shape)
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+
+def tensor_arg(name: str, value: fx.Node | torch.Tensor) -> TensorArg:
+    val = value.meta["val"] if isinstance(value, fx.Node) else value
+    return TensorArg(name, tuple(int(s) for s in val.shape), val.dtype)
+
+
+def _tiles(extent: int, size: int) -> list[tuple[int, int]]:
+    """[(start, length), ...] covering range(extent) in tiles of at most `size`."""
+    return [(start, min(size, extent - start)) for start in range(0, extent, size)]
+
+
+@functools.lru_cache(maxsize=None)
+def environment() -> jinja2.Environment:
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(templates_dir())),
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        keep_trailing_newline=True,
+        autoescape=False,
+    )
+    env.globals.update(
+        nl_dtype=nl_dtype,
+        cdiv=lambda a, b: -(-a // b),
+        tiles=_tiles,
+        prod=math.prod,
+        min=min,
+        max=max,
+    )
+    return env
+
+
+@functools.lru_cache(maxsize=None)
+def template_hash(family: str) -> str:
+    """Hash of a family's template and of the shared macro files it may import."""
+    folder = templates_dir()
+    digest = hashlib.sha256()
+    for path in sorted([folder / f"{family}.py.j2", *folder.glob("_*.py.j2")]):
+        digest.update(path.name.encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def all_template_hashes() -> dict[str, str]:
+    return {p.name.removesuffix(".py.j2"): template_hash(p.name.removesuffix(".py.j2"))
+            for p in sorted(templates_dir().glob("[!_]*.py.j2"))}
+
+
+def render_template(family: str, kernel_name: str, inputs: list[TensorArg], outputs: list[TensorArg],
+                    params: dict) -> str:
+    """Render one kernel and check that the result is valid Python."""
+    try:
+        template = environment().get_template(f"{family}.py.j2")
+    except jinja2.TemplateNotFound:
+        raise TemplateError(f"no template for kernel family {family!r} in {templates_dir()}") from None
+    clash = {"kernel_name", "inputs", "outputs"} & set(params)
+    if clash:
+        raise TemplateError(f"kernel params may not redefine {sorted(clash)}")
+    try:
+        source = template.render(kernel_name=kernel_name, inputs=inputs, outputs=outputs, **params)
+    except jinja2.TemplateError as exc:
+        raise TemplateError(f"template {family}.py.j2 failed to render {kernel_name}: {exc}") from exc
+    try:
+        ast.parse(source, filename=f"{kernel_name}.py")
+    except SyntaxError as exc:
+        raise TemplateError(f"template {family}.py.j2 rendered invalid Python for {kernel_name}: {exc}") from exc
+    return source
+
+
+def render_kernel(spec: KernelSpec) -> str:
+    """Render a KernelSpec whose `name` is set; inputs are named in0.., outputs out0.."""
+    inputs = [tensor_arg(f"in{i}", node) for i, node in enumerate(spec.inputs)]
+    outputs = [tensor_arg(f"out{i}", value) for i, value in enumerate(spec.outputs)]
+    return render_template(spec.family, spec.name, inputs, outputs, spec.params)

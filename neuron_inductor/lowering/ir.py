@@ -1,0 +1,60 @@
+"""The kernel IR: what a lowering hands to code generation.
+
+A lowered graph is a list of steps executed in order by the host wrapper:
+- `KernelStep`: one generated NKI kernel (rendered from a template family) computing some graph
+  values from others;
+- `HostStep`: an ATen call run on the host, either a *view* (metadata only: view, permute,
+  expand, slice, ...; no data moves, kernels read through the strides) or a *fallback* (an op
+  without a lowering, run eagerly and reported).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.fx as fx
+
+
+class Unsupported(Exception):
+    """Raised by a lowering for arguments it does not handle; the node falls back with this reason."""
+
+
+@dataclass
+class KernelSpec:
+    """One kernel to generate.
+
+    family:  template file stem, `codegen_templates/<family>.py.j2`.
+    params:  the template context besides the argument descriptions: plain, deterministic data
+             (ints, floats, strings, bools, lists, tuples, dicts) that fully determines the source.
+    inputs:  graph values passed to the kernel as HBM tensors, in order.
+    outputs: graph values the kernel returns, in order; an output nobody uses may be given as its
+             value metadata (a FakeTensor, e.g. `node.meta["val"][i]` of a multi-output op).
+    inplace: for kernels that write into an input instead of returning (copy_ into a graph input):
+             maps an output position to the input position it aliases.
+    flops:   analytic FLOPs of the math this kernel does (TensorE FLOPs for matmul-like kernels).
+    """
+
+    family: str
+    params: dict[str, Any]
+    inputs: list[fx.Node]
+    outputs: list[fx.Node | torch.Tensor]
+    flops: int = 0
+    inplace: dict[int, int] = field(default_factory=dict)
+    name: str = ""  # assigned by code generation: k<index>_<family>
+
+
+@dataclass
+class KernelStep:
+    spec: KernelSpec
+
+
+@dataclass
+class HostStep:
+    node: fx.Node
+    kind: str  # "view" | "fallback" | "constant"
+    reason: str = ""
+
+
+Step = KernelStep | HostStep

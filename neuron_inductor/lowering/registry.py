@@ -1,0 +1,80 @@
+"""Which ATen ops become kernels, which are host views, and which deliberately fall back.
+
+Lowering modules register themselves here with `register_lowering`; `load_lowerings()` imports
+them all, so this file together with the `LOWERING_MODULES` list is the complete picture.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Callable
+
+import torch
+import torch.fx as fx
+
+from .ir import KernelSpec
+
+aten = torch.ops.aten
+
+LoweringFn = Callable[[fx.Node], KernelSpec]
+
+# ATen op overload -> function building the KernelSpec for one node.
+LOWERINGS: dict[torch._ops.OpOverload, LoweringFn] = {}
+
+# Modules holding the lowerings, one kernel family each (imported by load_lowerings()).
+LOWERING_MODULES = [
+    "neuron_inductor.lowering.pointwise",
+    "neuron_inductor.lowering.reduction",
+    "neuron_inductor.lowering.matmul",
+    "neuron_inductor.lowering.attention",
+    "neuron_inductor.lowering.norms",
+    "neuron_inductor.lowering.indexing",
+    "neuron_inductor.lowering.copy",
+]
+
+# Metadata-only ops: run on the host as torch views (no data moves; kernels read through strides).
+VIEW_OPS = {
+    aten.view.default, aten._unsafe_view.default, aten.reshape.default,
+    aten.permute.default, aten.transpose.int, aten.t.default,
+    aten.expand.default, aten.unsqueeze.default, aten.squeeze.default, aten.squeeze.dim,
+    aten.squeeze.dims, aten.slice.Tensor, aten.select.int, aten.alias.default,
+    aten.as_strided.default, aten.split.Tensor, aten.split_with_sizes.default,
+    aten.unbind.int, aten.diagonal.default, aten.detach.default, aten.lift_fresh_copy.default,
+}
+
+# Deliberate eager fallbacks, with the reason reported to the user.
+FALLBACKS: dict[torch._ops.OpOverload, str] = {
+    aten.native_dropout.default: "random numbers stay on the host so results follow eager's RNG stream",
+    aten.bernoulli.p: "random numbers stay on the host so results follow eager's RNG stream",
+    aten.rand.default: "random numbers stay on the host so results follow eager's RNG stream",
+    aten.randn.default: "random numbers stay on the host so results follow eager's RNG stream",
+    aten.rand_like.default: "random numbers stay on the host so results follow eager's RNG stream",
+    aten.randn_like.default: "random numbers stay on the host so results follow eager's RNG stream",
+    aten._local_scalar_dense.default: "reads a device value into Python (a host sync, not a kernel)",
+}
+
+
+def register_lowering(*ops: torch._ops.OpOverload) -> Callable[[LoweringFn], LoweringFn]:
+    def decorate(fn: LoweringFn) -> LoweringFn:
+        for op in ops:
+            if op in LOWERINGS:
+                raise RuntimeError(f"{op} already has a lowering ({LOWERINGS[op].__module__})")
+            LOWERINGS[op] = fn
+        return fn
+
+    return decorate
+
+
+_loaded = False
+
+
+def load_lowerings() -> None:
+    global _loaded
+    if not _loaded:
+        for module in LOWERING_MODULES:
+            try:
+                importlib.import_module(module)
+            except ModuleNotFoundError as exc:
+                if exc.name != module:  # a missing family module is fine while it is being written
+                    raise
+        _loaded = True
