@@ -11,6 +11,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
+import torch.fx as fx
+from torch.fx.experimental.proxy_tensor import make_fx
+
 
 @dataclass(frozen=True)
 class BucketPolicy:
@@ -59,3 +63,21 @@ class BucketPolicy:
         if self.pow2_after is not None and size > self.pow2_after:
             return 1 << (size - 1).bit_length()
         return -(-size // self.multiple) * self.multiple
+
+
+def has_symbolic_shapes(example_inputs) -> bool:
+    for value in example_inputs:
+        if isinstance(value, torch.SymInt):
+            return True
+        if isinstance(value, torch.Tensor) and any(isinstance(s, torch.SymInt) for s in value.shape):
+            return True
+    return False
+
+
+def specialize(gm: fx.GraphModule, args: list) -> fx.GraphModule:
+    """A static copy of a symbolic ATen graph for the concrete sizes of `args` (tensors or ints).
+
+    Re-tracing the graph on fake tensors of those sizes evaluates every SymInt expression (view
+    sizes, sym_size nodes, SymInt inputs) and leaves static shapes in every node's meta["val"].
+    """
+    return make_fx(fx.Interpreter(gm).run, tracing_mode="fake", pre_dispatch=False)(*args)

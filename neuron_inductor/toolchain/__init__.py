@@ -1,0 +1,44 @@
+"""Toolchains turn rendered NKI source into callables.
+
+- `simulator`: the built-in NKI interpreter (`neuron_inductor.sim`), the default wherever no
+  Neuron device exists;
+- `neuron`: the real `nki.jit` (see `neuron.py`; small, isolated, untested without hardware).
+
+`NEURON_INDUCTOR_TOOLCHAIN=simulator|neuron` forces one; `auto` picks `neuron` only when the real
+`nki` package imports and a Neuron device is present.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Callable, Protocol
+
+log = logging.getLogger("neuron_inductor")
+
+
+class Toolchain(Protocol):
+    name: str
+
+    def build(self, sources: dict[str, str]) -> dict[str, Callable]:
+        """Compile each kernel's standalone source; returns the kernels by name."""
+
+
+def neuron_device_present() -> bool:
+    return os.path.exists("/dev/neuron0")
+
+
+def select_toolchain(choice: str) -> Toolchain:
+    from .simulator import SimulatorToolchain
+
+    if choice == "simulator":
+        return SimulatorToolchain()
+    from .neuron import NeuronToolchain, real_nki_available
+
+    if choice == "neuron":
+        return NeuronToolchain()
+    if real_nki_available() and neuron_device_present():
+        log.info("neuron_inductor: toolchain 'neuron' (real nki.jit on a Neuron device)")
+        return NeuronToolchain()
+    log.info("neuron_inductor: toolchain 'simulator' (no Neuron device; kernels run in the NKI interpreter)")
+    return SimulatorToolchain()

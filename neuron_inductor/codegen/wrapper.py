@@ -1,0 +1,95 @@
+"""Render the host wrapper: plain Python that runs a lowered graph's steps in order.
+
+The wrapper calls generated kernels (`kernels.<name>(...)`), runs host views and fallbacks as
+ATen calls written out literally (`aten.view.default(buf3, [4, 32])`), and returns the graph's
+outputs. It is self-contained source, so it is cached on disk and dumped as-is.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+
+import torch
+import torch.fx as fx
+
+from ..lowering.graph import LoweredGraph
+from ..lowering.ir import HostStep, KernelStep
+from .render import environment
+
+
+class WrapperError(RuntimeError):
+    """A host step has an argument the wrapper cannot write as Python source."""
+
+
+def _literal(value, names: dict[fx.Node, str]) -> str:
+    """Python source for an FX argument."""
+    if isinstance(value, fx.Node):
+        return names[value]
+    if isinstance(value, (list, tuple)):
+        items = ", ".join(_literal(v, names) for v in value)
+        return f"[{items}]" if isinstance(value, list) else f"({items}{',' if len(value) == 1 else ''})"
+    if isinstance(value, bool) or value is None or isinstance(value, (int, str)):
+        return repr(value)
+    if isinstance(value, float):
+        return repr(value) if math.isfinite(value) else f"float('{value}')"
+    if isinstance(value, (torch.dtype, torch.memory_format, torch.layout)):
+        return repr(value)
+    if isinstance(value, torch.device):
+        return f"torch.device({str(value)!r})"
+    raise WrapperError(f"cannot write argument {value!r} of type {type(value).__name__} into the host wrapper")
+
+
+def _call_source(node: fx.Node, names: dict[fx.Node, str]) -> str:
+    args = [_literal(a, names) for a in node.args]
+    args += [f"{k}={_literal(v, names)}" for k, v in node.kwargs.items()]
+    if node.target is operator.getitem:
+        return f"{args[0]}[{args[1]}]"
+    target = node.target
+    if not isinstance(target, torch._ops.OpOverload):
+        raise WrapperError(f"host step {node.format_node()} does not call an ATen op")
+    return f"aten.{target.overloadpacket.__name__}.{target._overloadname}({', '.join(args)})"
+
+
+def render_wrapper(gm: fx.GraphModule, lowered: LoweredGraph, name: str = "run") -> tuple[str, list[str]]:
+    """Source of `run(args, kernels, constants)`, and the names of the get_attr constants it reads."""
+    names: dict[fx.Node, str] = {}
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    for i, node in enumerate(placeholders):
+        names[node] = f"arg{i}"
+    lines: list[str] = []
+    constants: list[str] = []
+
+    def value_name(node: fx.Node) -> str:
+        names.setdefault(node, f"buf{len(names) - len(placeholders)}")
+        return names[node]
+
+    for step in lowered.steps:
+        if isinstance(step, KernelStep):
+            spec = step.spec
+            call = f"kernels.{spec.name}({', '.join(names[n] for n in spec.inputs)})"
+            returned = [out for pos, out in enumerate(spec.outputs) if pos not in spec.inplace]
+            for pos, inp in spec.inplace.items():
+                names[spec.outputs[pos]] = names[spec.inputs[inp]]
+            targets = [value_name(o) if isinstance(o, fx.Node) else "_" for o in returned]
+            if not targets:
+                lines.append(call)
+            elif len(targets) == 1:
+                lines.append(f"{targets[0]} = {call}")
+            else:
+                lines.append(f"{', '.join(targets)} = {call}")
+        else:
+            assert isinstance(step, HostStep)
+            node = step.node
+            if step.kind == "constant":
+                constants.append(node.target)
+                lines.append(f"{value_name(node)} = constants[{node.target!r}]")
+            else:
+                comment = "  # view: no data moves" if step.kind == "view" else f"  # fallback: {' '.join(step.reason.split())}"
+                lines.append(f"{value_name(node)} = {_call_source(node, names)}{comment}")
+
+    output = next(n for n in gm.graph.nodes if n.op == "output")
+    returns = _literal(list(output.args[0]), names)
+    source = environment().get_template("wrapper.py.j2").render(
+        name=name, num_args=len(placeholders), lines=lines, returns=returns)
+    return source, constants

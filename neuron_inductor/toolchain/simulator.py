@@ -1,0 +1,17 @@
+"""The default toolchain: kernels run in the built-in NKI interpreter on CPU tensors."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from .. import sim
+
+
+class SimulatorToolchain:
+    name = "simulator"
+
+    def build(self, sources: dict[str, str]) -> dict[str, Callable]:
+        kernels: dict[str, Callable] = {}
+        for name, source in sources.items():
+            kernels[name] = sim.load_kernels(source, f"<neuron_inductor kernel {name}>")[name]
+        return kernels
