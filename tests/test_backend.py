@@ -1,0 +1,171 @@
+"""The `neuron` backend end to end: entry points, options, training and inference against eager."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn as nn
+
+import neuron_inductor
+from neuron_inductor import config as config_module
+from neuron_inductor import sim
+from neuron_inductor.backend import neuron_backend
+
+
+@pytest.fixture(autouse=True)
+def fresh_dynamo():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+class MLP(nn.Module):
+    def __init__(self, d_in=48, d_hidden=160, d_out=24):
+        super().__init__()
+        self.fc1 = nn.Linear(d_in, d_hidden)
+        self.fc2 = nn.Linear(d_hidden, d_out)
+
+    def forward(self, x):
+        return self.fc2(torch.nn.functional.gelu(self.fc1(x)))
+
+
+def test_entry_points_resolve_to_the_singleton():
+    assert torch._dynamo.lookup_backend("neuron") is neuron_backend
+    assert torch._dynamo.lookup_backend("neuron_inductor") is neuron_backend
+    assert "neuron" in torch._dynamo.list_backends()
+
+
+def test_unknown_option_lists_the_valid_ones():
+    model = torch.compile(nn.Linear(4, 4), backend="neuron", options={"bucketz": "128"})
+    with pytest.raises(Exception, match="unknown neuron_inductor option.*'bucketz'.*valid options: toolchain"):
+        model(torch.randn(2, 4))
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"fallback": "sometimes"}, "accepted values: warn, allow, error"),
+    ({"buckets": "0"}, "bad bucket policy"),
+    ({"verify": "loud"}, "accepted values: off, warn, raise"),
+])
+def test_bad_option_values_say_what_is_accepted(options, message):
+    with pytest.raises(config_module.ConfigError, match=message):
+        config_module.resolve(options)
+
+
+def test_bad_environment_value_names_the_variable(monkeypatch):
+    monkeypatch.setenv("NEURON_INDUCTOR_TOOLCHAIN", "gpu")
+    with pytest.raises(config_module.ConfigError, match="NEURON_INDUCTOR_TOOLCHAIN.*simulator"):
+        config_module.resolve()
+
+
+def test_unknown_mode_is_rejected():
+    with pytest.raises(config_module.ConfigError, match="mode='fastest'"):
+        neuron_backend(torch.fx.symbolic_trace(nn.Identity()), [torch.randn(2)], mode="fastest")
+
+
+def _train(model, batches, steps, lr=0.05):
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+    losses, grads = [], []
+    for step in range(steps):
+        x, y = batches[step]
+        optimizer.zero_grad()
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        losses.append(loss.detach())
+        grads.append([p.grad.detach().clone() for p in model.parameters()])
+        optimizer.step()
+    return losses, grads
+
+
+def test_mlp_trains_three_steps_like_eager():
+    torch.manual_seed(0)
+    eager = MLP()
+    compiled_model = copy.deepcopy(eager)
+    compiled = torch.compile(compiled_model, backend="neuron")
+    batches = [(torch.randn(200, 48), torch.randn(200, 24)) for _ in range(3)]
+    eager_losses, eager_grads = _train(eager, batches, 3)
+    losses, grads = _train(compiled, batches, 3)
+    for got, want in zip(losses, eager_losses):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6)
+    for step_got, step_want in zip(grads, eager_grads):
+        for got, want in zip(step_got, step_want):
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+
+
+def test_mlp_bf16_forward_within_bf16_tolerance():
+    torch.manual_seed(0)
+    model = MLP().to(torch.bfloat16)
+    x = torch.randn(130, 48, dtype=torch.bfloat16)
+    with torch.no_grad():
+        want = model(x).float()
+        got = torch.compile(model, backend="neuron")(x).float()
+    # bf16 keeps 8 mantissa bits; two matmuls and gelu accumulate a few ulps of rounding.
+    torch.testing.assert_close(got, want, rtol=3e-2, atol=3e-2)
+
+
+@pytest.mark.parametrize("context", [torch.no_grad, torch.inference_mode])
+def test_inference_matches_eager(context):
+    torch.manual_seed(0)
+    model = MLP()
+    x = torch.randn(64, 48)
+    with context():
+        want = model(x)
+        got = torch.compile(model, backend="neuron")(x)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_mlp_training_step_flops_run_on_tensor_engine():
+    torch.manual_seed(0)
+    model = torch.compile(MLP(), backend="neuron")
+    x, y = torch.randn(256, 48), torch.randn(256, 24)
+    torch.nn.functional.mse_loss(model(x), y).backward()  # compile outside the measured step
+    with sim.trace() as recorded:
+        torch.nn.functional.mse_loss(model(x), y).backward()
+    tensor_flops = sum(i.flops for i in recorded.instructions if i.engine == "tensor" and i.op == "nc_matmul")
+    # forward: 2 matmuls; backward: grad input of fc2 and fc1 is not needed for x (no grad), so
+    # fc2 dX, fc2 dW, fc1 dW; each 2*M*N*K.
+    n, d_in, d_hidden, d_out = 256, 48, 160, 24
+    analytic = 2 * n * (d_in * d_hidden + d_hidden * d_out) + 2 * n * (d_hidden * d_out * 2 + d_in * d_hidden)
+    assert tensor_flops >= 0.95 * analytic
+
+
+def test_fallback_error_mode_lists_every_unsupported_op():
+    def f(x):
+        return torch.linalg.eigvalsh(x @ x.T) + torch.special.i0(x).sum()
+
+    compiled = torch.compile(f, backend="neuron", options={"fallback": "error"})
+    with pytest.raises(Exception, match=r"(?s)have no NKI kernel.*linalg_eigh.*i0"):
+        compiled(torch.randn(4, 4))
+
+
+def test_fallback_runs_eagerly_and_is_reported(caplog):
+    def f(x):
+        return torch.special.i0(x) * 2
+
+    x = torch.randn(8, 8)
+    with caplog.at_level("WARNING", logger="neuron_inductor"):
+        got = torch.compile(f, backend="neuron")(x)
+    torch.testing.assert_close(got, f(x))
+    assert "i0" in caplog.text and "runs eagerly on the host" in caplog.text
+
+
+def test_kv_cache_input_mutation_runs_in_place():
+    cache = torch.zeros(2, 16, 8)
+
+    def update(cache, new, pos):
+        cache.index_copy_(1, pos, new)
+        return cache.sum(dim=-1)
+
+    compiled = torch.compile(update, backend="neuron")
+    new = torch.randn(2, 3, 8)
+    pos = torch.tensor([2, 5, 9])
+    expected_cache = torch.zeros(2, 16, 8).index_copy_(1, pos, new)
+    with torch.inference_mode():
+        got = compiled(cache, new, pos)
+    torch.testing.assert_close(cache, expected_cache)
+    torch.testing.assert_close(got, expected_cache.sum(dim=-1))
+
+
+def test_package_exposes_version():
+    assert neuron_inductor.__version__
