@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import warnings
 from typing import Any, Callable
 
 import torch
@@ -60,3 +61,19 @@ class NeuronBackend:
 
 
 neuron_backend = NeuronBackend()
+
+
+def _warn_if_name_is_shared() -> None:
+    """AWS torch-neuronx also registers `neuron`; Dynamo takes whichever entry point it finds first."""
+    from importlib.metadata import entry_points
+
+    others = sorted({ep.value for ep in entry_points(group="torch_dynamo_backends", name="neuron")
+                     if not ep.value.startswith(__name__ + ":")})
+    if others:
+        warnings.warn(
+            f"another installed package also provides the torch.compile backend 'neuron' ({', '.join(others)}); "
+            "which one backend='neuron' runs depends on install order. Use backend='neuron_inductor' to always "
+            "run neuron_inductor.", stacklevel=2)
+
+
+_warn_if_name_is_shared()
