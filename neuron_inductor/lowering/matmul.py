@@ -1,0 +1,259 @@
+"""Matmul family: `mm`, `bmm`, `addmm` (and `linear`, which reaches us as `addmm`/`mm` of a
+transposed weight view) -> `codegen_templates/matmul.py.j2`.
+
+`baddbmm` is decomposed by the core table into `bmm` + pointwise, which the graph lowering may
+fuse back as an epilogue.
+
+Operand layouts. TensorE contracts over the partition dim, so both operands are needed on chip
+with K on partitions: A as [K, M] (stationary) and B as [K, N] (moving). A DMA is fast only when
+every partition reads a contiguous run of bytes, i.e. when the tile's partition dim is the
+slower-varying dim of the HBM tensor. So for each operand the lowering looks through the host
+views that produce it (`t` / `permute` / `transpose` / `expand` / batch-only `view`) to the base
+tensor those views read, and passes that base as the kernel input together with its layout:
+  A: "km" (base rows are K: load [K, M] tiles directly) or "mk" (load [M, K] rows, transpose on chip);
+  B: "kn" (load directly) or "nk" (load [N, K] rows, transpose on chip).
+Reading the base instead of the view keeps every DMA row contiguous, whatever views the graph
+stacked on top. A batched operand also records, per batch dim of its base, how the flat bmm batch
+index maps to it ((b // div) % mod; mod 1 = broadcast), so expanded and reshaped batches are read
+in place.
+
+Epilogues. `lower_matmul_with_epilogue(mm_node, epilogue_nodes, outputs)` is the entry point for
+the graph lowering when a pointwise group consumes the matmul result: the group's program is
+applied to each fp32 PSUM tile on its way to SBUF, so the matmul result never round-trips HBM.
+Contract:
+  - `mm_node` is an `mm` / `bmm` / `addmm` node this module lowers;
+  - `epilogue_nodes` are pointwise nodes (graph order) each of whose inputs is `mm_node`, another
+    epilogue node, or a value of the matmul's output shape or broadcastable to it
+    (residuals, scales, bias rows);
+  - `outputs` are the nodes whose values leave the kernel (`mm_node` itself may be one of them);
+  - raises `Unsupported` when the group cannot be fused; the caller then lowers the matmul and the
+    pointwise group separately.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.fx as fx
+
+from .ir import KernelSpec, Unsupported
+from .registry import register_lowering
+
+aten = torch.ops.aten
+
+# TensorE tile limits (nki-reference §2): stationary [K<=128, M<=128], moving [K<=128, N<=512].
+TILE_K = 128
+TILE_M = 128
+TILE_N = 512
+# On-chip budget per partition the kernel plans for: well under Trn2's 192 KiB of SBUF so that the
+# compiler can double-buffer the streamed panels.
+SBUF_BUDGET = 96 * 1024
+# Upper bound on the resident A panel's rows: more rows cut B's re-reads, but past ~8 tiles the
+# gain is small and the panel crowds out double buffering.
+MAX_BLOCK_M = 1024
+# PSUM accumulators live at once in "stream" mode (of 8 banks): the rest double-buffer.
+STREAM_PSUM_BANKS = 4
+
+SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def _val(node: fx.Node) -> torch.Tensor:
+    return node.meta["val"]
+
+
+# --- Operand views -----------------------------------------------------------------------------
+
+
+@dataclass
+class Operand:
+    """A matmul operand as the kernel reads it: `node` (its base) with the last two dims swapped or
+    not, and the base's batch index as a function of the flat batch index b."""
+
+    node: fx.Node
+    swapped: bool
+    batch_index: list[tuple[int, int]]  # per base batch dim: (div, mod) -> (b // div) % mod
+
+
+def _fit_batch_index(indices: list[tuple[int, ...]], batch: int) -> list[tuple[int, int]] | None:
+    """Express each base batch dim's index as (b // div) % mod over b in range(batch), or None."""
+    fitted = []
+    for dim in range(len(indices[0])):
+        values = [index[dim] for index in indices]
+        if not any(values):
+            fitted.append((1, 1))
+            continue
+        div = next(b for b, v in enumerate(values) if v)
+        mod = max(values) + 1
+        if any(v != (b // div) % mod for b, v in enumerate(values)):
+            return None
+        fitted.append((div, mod))
+    return fitted
+
+
+def _unravel(flat: int, shape: tuple[int, ...]) -> tuple[int, ...]:
+    index = []
+    for size in reversed(shape):
+        index.append(flat % size)
+        flat //= size
+    return tuple(reversed(index))
+
+
+def _ravel(index: tuple[int, ...], shape: tuple[int, ...]) -> int:
+    flat = 0
+    for i, size in zip(index, shape):
+        flat = flat * size + i
+    return flat
+
+
+def _permutation(node: fx.Node) -> list[int] | None:
+    rank = _val(node).dim()
+    if node.target is aten.t.default:
+        return [1, 0] if rank == 2 else None
+    if node.target is aten.transpose.int:
+        d0, d1 = (d % rank for d in node.args[1:3])
+        dims = list(range(rank))
+        dims[d0], dims[d1] = d1, d0
+        return dims
+    return [d % rank for d in node.args[1]]
+
+
+_PERMUTES = {aten.t.default, aten.transpose.int, aten.permute.default}
+_RESHAPES = {aten.view.default, aten._unsafe_view.default, aten.reshape.default, aten.unsqueeze.default,
+             aten.squeeze.default, aten.squeeze.dim, aten.squeeze.dims, aten.alias.default,
+             aten.detach.default}
+
+
+def _step_back(node: fx.Node, indices: list[tuple[int, ...]], swapped: bool):
+    """One view back: (input node, its batch indices, swapped) or None if `node` is not a view
+    that keeps the matrix dims whole."""
+    if node.op != "call_function" or not node.args or not isinstance(node.args[0], fx.Node):
+        return None
+    source = node.args[0]
+    out_shape, in_shape = tuple(_val(node).shape), tuple(_val(source).shape)
+    rank, in_rank = len(out_shape), len(in_shape)
+    if in_rank < 2:
+        return None
+    if node.target in _PERMUTES:
+        dims = _permutation(node)
+        if dims is None or sorted(dims[-2:]) != [rank - 2, rank - 1]:
+            return None
+        moved = [0] * (rank - 2)
+        for out_dim, in_dim in enumerate(dims[:-2]):
+            moved[in_dim] = out_dim
+        return source, [tuple(index[d] for d in moved) for index in indices], swapped ^ (dims[-2] == rank - 1)
+    if node.target is aten.expand.default:
+        if in_shape[-2:] != out_shape[-2:]:
+            return None  # broadcast inside the matrix: read the stride-0 view as it is
+        lead = rank - in_rank
+        return source, [tuple(0 if in_shape[d] == 1 else index[lead + d] for d in range(in_rank - 2))
+                        for index in indices], swapped
+    if node.target in _RESHAPES:
+        if in_shape[-2:] != out_shape[-2:]:
+            return None
+        return source, [_unravel(_ravel(index, out_shape[:-2]), in_shape[:-2]) for index in indices], swapped
+    return None
+
+
+def resolve_operand(node: fx.Node, batch: int) -> Operand:
+    """Look through the host views producing a matmul operand to the tensor they read."""
+    rank = _val(node).dim()
+    indices = [(b,) if rank == 3 else () for b in range(batch)]
+    best = Operand(node, False, _fit_batch_index(indices, batch) if rank == 3 else [])
+    swapped = False
+    while (step := _step_back(node, indices, swapped)) is not None:
+        node, indices, swapped = step
+        fitted = _fit_batch_index(indices, batch) if indices[0] else []
+        if fitted is None:
+            break
+        best = Operand(node, swapped, fitted)
+    return best
+
+
+# --- Blocking ----------------------------------------------------------------------------------
+
+
+def plan_blocking(m: int, n: int, k: int, itemsize: int) -> dict:
+    """Tile blocking within the SBUF budget.
+
+    "panel": an A^T panel of `block_m` rows over the whole K stays resident while B panels of
+    [K, 512] stream past it; each B panel is reused by every m-tile of the block and A is read once.
+    "stream" (K too long for a panel): per [block_m, block_n] output block, K is walked in chunks
+    of `k_chunk` tiles and accumulated in PSUM.
+    """
+    k_tiles = math.ceil(k / TILE_K)
+    width_n = min(TILE_N, n)
+    b_panel = k_tiles * width_n * itemsize
+    rows_fit = (SBUF_BUDGET - 2 * b_panel) // (k_tiles * itemsize)
+    block_m = min(MAX_BLOCK_M, rows_fit // TILE_M * TILE_M, math.ceil(m / TILE_M) * TILE_M)
+    if block_m >= TILE_M:
+        return {"mode": "panel", "block_m": block_m, "block_n": width_n, "k_chunk": k_tiles}
+    block_m = min(2 * TILE_M, math.ceil(m / TILE_M) * TILE_M)
+    block_n = min(STREAM_PSUM_BANKS // (block_m // TILE_M) * TILE_N, math.ceil(n / TILE_N) * TILE_N)
+    k_chunk = SBUF_BUDGET // 2 // ((block_m + block_n) * itemsize)
+    return {"mode": "stream", "block_m": block_m, "block_n": block_n, "k_chunk": max(1, k_chunk)}
+
+
+# --- Bias ----------------------------------------------------------------------------------------
+
+
+def _bias_kind(shape: tuple[int, ...], m: int, n: int) -> str:
+    """How an addmm bias broadcasts over the [M, N] result."""
+    if math.prod(shape) == 1:
+        return "scalar"
+    if len(shape) == 1 or shape[0] == 1:
+        return "row"
+    if shape[1] == 1:
+        return "col"
+    return "full"
+
+
+# --- Specs -----------------------------------------------------------------------------------------
+
+
+def _matmul_spec(node: fx.Node, a: fx.Node, b: fx.Node, bias: fx.Node | None = None,
+                 beta: float = 1.0, alpha: float = 1.0) -> KernelSpec:
+    a_val, b_val, out_val = _val(a), _val(b), _val(node)
+    if a_val.dtype not in SUPPORTED_DTYPES or b_val.dtype != a_val.dtype or out_val.dtype != a_val.dtype:
+        raise Unsupported(f"matmul of {a_val.dtype} x {b_val.dtype} -> {out_val.dtype} "
+                          f"(TensorE takes fp32/bf16/fp16 operands of one dtype)")
+    batch = a_val.shape[0] if a_val.dim() == 3 else 1
+    m, k = a_val.shape[-2:]
+    n = b_val.shape[-1]
+    if 0 in (batch, m, n, k):
+        raise Unsupported("empty matmul")
+    a_op, b_op = resolve_operand(a, batch), resolve_operand(b, batch)
+    inputs = [a_op.node, b_op.node]
+    params = {
+        "batch": batch, "m": m, "n": n, "k": k, "alpha": float(alpha),
+        "a": {"layout": "km" if a_op.swapped else "mk", "batch_index": a_op.batch_index},
+        "b": {"layout": "nk" if b_op.swapped else "kn", "batch_index": b_op.batch_index},
+        "bias": None,
+        "blocking": plan_blocking(m, n, k, a_val.element_size()),
+    }
+    if bias is not None:
+        bias_val = _val(bias)
+        if bias_val.dim() == 0:
+            raise Unsupported("0-d addmm bias")
+        if bias_val.dtype != out_val.dtype:
+            raise Unsupported(f"addmm bias of dtype {bias_val.dtype} with {out_val.dtype} operands")
+        params["bias"] = {"kind": _bias_kind(tuple(bias_val.shape), m, n), "beta": float(beta)}
+        inputs.append(bias)
+    return KernelSpec("matmul", params, inputs, [node], flops=2 * batch * m * n * k)
+
+
+@register_lowering(aten.mm.default, aten.bmm.default)
+def lower_mm(node: fx.Node) -> KernelSpec:
+    a, b = node.args[:2]
+    return _matmul_spec(node, a, b)
+
+
+@register_lowering(aten.addmm.default)
+def lower_addmm(node: fx.Node) -> KernelSpec:
+    bias, a, b = node.args[:3]
+    beta = node.kwargs.get("beta", 1)
+    alpha = node.kwargs.get("alpha", 1)
+    if beta == 0:
+        return _matmul_spec(node, a, b, alpha=alpha)  # torch ignores the bias (even NaNs) when beta == 0
+    return _matmul_spec(node, a, b, bias, beta=beta, alpha=alpha)
