@@ -1,0 +1,181 @@
+"""Scaled-dot-product attention -> flash-style kernels (`attention_fwd`, `attention_bwd`).
+
+On CPU, SDPA reaches the backend as `_scaled_dot_product_flash_attention_for_cpu` (a boolean
+mask already turned into an additive float mask by SDPA itself, GQA with fewer key/value heads
+than query heads when `enable_gqa=True`) and its `_backward`. The kernels never write the
+[Sq, Sk] score matrix to HBM: the forward keeps a running max / sum per query row (online
+softmax) and returns the natural-log logsumexp; the backward recomputes the probabilities
+from it. Causal attention is top-left aligned (query i sees keys 0..i) and skips the key
+tiles above the diagonal.
+
+Supported: q/k/v [B, H, S, D] in fp32 / bf16 / fp16, D <= 128, Hq a multiple of Hkv (GQA),
+any Sq / Sk (remainder tiles), a float mask broadcastable to [B, Hq, Sq, Sk] (not broadcast
+along the key dim), `scale`, `is_causal`. Not supported (eager fallback with the reason):
+dropout, D > 128, key/value heads resident in SBUF beyond the budget below.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+
+import torch
+import torch.fx as fx
+
+from .ir import KernelSpec, Unsupported
+from .registry import register_lowering
+
+aten = torch.ops.aten
+
+Q_TILE = 128      # query rows per tile: the partition dim of the score tile
+KV_CHUNK = 128    # keys per transposed P / dS chunk: the contraction dim of P@V, dS@K
+KV_TILE = 512     # keys per score tile: one PSUM bank of fp32 per partition
+SBUF_BUDGET = 160 * 1024  # bytes per partition for the tensors a kernel keeps per head
+DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def bound_arguments(node: fx.Node) -> dict:
+    """The node's arguments by schema name, defaults filled in."""
+    values = {}
+    for i, arg in enumerate(node.target._schema.arguments):
+        if i < len(node.args):
+            values[arg.name] = node.args[i]
+        elif arg.name in node.kwargs:
+            values[arg.name] = node.kwargs[arg.name]
+        else:
+            values[arg.name] = arg.default_value if arg.has_default_value() else None
+    return values
+
+
+def result_values(node: fx.Node) -> list:
+    """Outputs of a multi-output node: its getitem users, or the value metadata of unused ones."""
+    users = {user.args[1]: user for user in node.users if user.target is operator.getitem}
+    return [users.get(i, val) for i, val in enumerate(node.meta["val"])]
+
+
+def _val(value) -> torch.Tensor:
+    return value.meta["val"] if isinstance(value, fx.Node) else value
+
+
+def _shape_params(query, key, value, dropout_p, scale) -> dict:
+    """Kernel params shared by forward and backward; raises Unsupported for what they do not handle."""
+    if dropout_p:
+        raise Unsupported("dropout > 0 in attention runs eagerly so the RNG stream matches")
+    q, k, v = _val(query), _val(key), _val(value)
+    if not (q.dim() == k.dim() == v.dim() == 4):
+        raise Unsupported(f"attention kernels take [B, H, S, D] tensors, got ranks {q.dim()}, {k.dim()}, {v.dim()}")
+    if not (q.dtype == k.dtype == v.dtype) or q.dtype not in DTYPES:
+        raise Unsupported(f"attention kernels take one of fp32 / bf16 / fp16 for q, k, v; got {q.dtype}, {k.dtype}, {v.dtype}")
+    batch, q_heads, q_len, head_dim = (int(s) for s in q.shape)
+    kv_heads, kv_len = int(k.shape[1]), int(k.shape[2])
+    if tuple(k.shape) != tuple(v.shape) or int(k.shape[0]) != batch or int(k.shape[3]) != head_dim:
+        raise Unsupported(f"key {tuple(k.shape)} / value {tuple(v.shape)} do not match query {tuple(q.shape)}")
+    if head_dim > 128:
+        raise Unsupported(f"head dim {head_dim} > 128 does not fit the partition dim of the QK^T contraction")
+    if q_heads % kv_heads:
+        raise Unsupported(f"{q_heads} query heads are not a multiple of {kv_heads} key/value heads")
+    return dict(
+        batch=batch, q_heads=q_heads, kv_heads=kv_heads, q_len=q_len, kv_len=kv_len, head_dim=head_dim,
+        group=q_heads // kv_heads,
+        scale=float(scale) if scale is not None else 1.0 / math.sqrt(head_dim),
+        q_tile=Q_TILE, kv_chunk=KV_CHUNK, kv_tile=KV_TILE,
+    )
+
+
+def _mask_params(mask, shapes: dict) -> dict | None:
+    """How the kernel indexes the additive mask: per leading dim "b", "h" or "0" (broadcast)."""
+    if mask is None:
+        return None
+    m = _val(mask)
+    if m.dtype not in DTYPES:
+        raise Unsupported(f"attention mask of dtype {m.dtype} (the kernels add float masks)")
+    full = (shapes["batch"], shapes["q_heads"], shapes["q_len"], shapes["kv_len"])
+    if m.dim() < 2 or m.dim() > 4:
+        raise Unsupported(f"attention mask of rank {m.dim()}")
+    shape = (1,) * (4 - m.dim()) + tuple(int(s) for s in m.shape)
+    if any(s not in (1, f) for s, f in zip(shape, full)):
+        raise Unsupported(f"attention mask {tuple(m.shape)} does not broadcast to {full}")
+    if shape[3] != full[3]:
+        raise Unsupported("attention mask broadcast along the key dim")
+    lead = [axis if size > 1 else "0" for axis, size in zip(("b", "h"), shape[:2])][4 - m.dim():]
+    return dict(lead=lead, broadcast_rows=shape[2] == 1 and full[2] > 1, dtype_size=m.element_size())
+
+
+def kv_extent(shapes: dict, causal: bool, q_tile_index: int) -> int:
+    """Keys a query tile attends to: all of them, or (causal) up to the end of its diagonal chunk."""
+    if not causal:
+        return shapes["kv_len"]
+    return min(shapes["kv_len"], (q_tile_index + 1) * Q_TILE)
+
+
+def _score_flops(shapes: dict, causal: bool) -> int:
+    """2 * D multiply-adds for every (query, key) score the kernels compute, summed over heads."""
+    pairs = 0
+    for index, start in enumerate(range(0, shapes["q_len"], Q_TILE)):
+        pairs += min(Q_TILE, shapes["q_len"] - start) * kv_extent(shapes, causal, index)
+    return 2 * shapes["head_dim"] * pairs * shapes["batch"] * shapes["q_heads"]
+
+
+def _check_sbuf(what: str, nbytes: int) -> None:
+    if nbytes > SBUF_BUDGET:
+        raise Unsupported(f"{what} needs {nbytes // 1024} KiB per partition resident in SBUF "
+                          f"(budget {SBUF_BUDGET // 1024} KiB); sequence too long for this kernel")
+
+
+def _forward_sbuf_bytes(shapes: dict, itemsize: int, mask: dict | None) -> int:
+    """Per kv head: K^T [D, Sk] and V as [128, Sk/128, D]; a row-broadcast mask as [128, Sk] fp32."""
+    kv_len, chunks = shapes["kv_len"], -(-shapes["kv_len"] // KV_CHUNK)
+    resident = kv_len * itemsize + chunks * shapes["head_dim"] * itemsize
+    if mask and mask["broadcast_rows"]:
+        resident += kv_len * 4
+    return resident
+
+
+def _backward_sbuf_bytes(shapes: dict, itemsize: int, mask: dict | None) -> int:
+    """Per kv head: K^T, V^T, K and fp32 dK / dV sums; per query head: Q^T, dO^T, Q, dO, fp32 dQ sums."""
+    d = shapes["head_dim"]
+    q_len, kv_len = shapes["q_len"], shapes["kv_len"]
+    q_chunks, kv_chunks = -(-q_len // Q_TILE), -(-kv_len // KV_CHUNK)
+    per_kv_head = 2 * kv_len * itemsize + kv_chunks * d * (itemsize + 8)
+    per_q_head = 2 * q_len * itemsize + q_chunks * d * (2 * itemsize + 4) + q_chunks * 8
+    if mask and mask["broadcast_rows"]:
+        per_kv_head += kv_len * 4
+    return per_kv_head + per_q_head
+
+
+@register_lowering(aten._scaled_dot_product_flash_attention_for_cpu.default)
+def lower_sdpa_forward(node: fx.Node) -> KernelSpec:
+    args = bound_arguments(node)
+    shapes = _shape_params(args["query"], args["key"], args["value"], args["dropout_p"], args["scale"])
+    mask = _mask_params(args["attn_mask"], shapes)
+    causal = bool(args["is_causal"])
+    itemsize = _val(args["query"]).element_size()
+    _check_sbuf("attention forward", _forward_sbuf_bytes(shapes, itemsize, mask))
+    inputs = [args["query"], args["key"], args["value"]] + ([args["attn_mask"]] if mask else [])
+    return KernelSpec(
+        family="attention_fwd",
+        params=dict(shapes, causal=causal, mask=mask),
+        inputs=inputs,
+        outputs=result_values(node),
+        flops=2 * _score_flops(shapes, causal),  # QK^T and PV
+    )
+
+
+@register_lowering(aten._scaled_dot_product_flash_attention_for_cpu_backward.default)
+def lower_sdpa_backward(node: fx.Node) -> KernelSpec:
+    args = bound_arguments(node)
+    shapes = _shape_params(args["query"], args["key"], args["value"], args["dropout_p"], args["scale"])
+    mask = _mask_params(args["attn_mask"], shapes)
+    causal = bool(args["is_causal"])
+    itemsize = _val(args["query"]).element_size()
+    _check_sbuf("attention backward", _backward_sbuf_bytes(shapes, itemsize, mask))
+    inputs = [args["grad_out"], args["query"], args["key"], args["value"], args["out"], args["logsumexp"]]
+    if mask:
+        inputs.append(args["attn_mask"])
+    return KernelSpec(
+        family="attention_bwd",
+        params=dict(shapes, causal=causal, mask=mask),
+        inputs=inputs,
+        outputs=result_values(node),
+        flops=5 * _score_flops(shapes, causal),  # QK^T, dO V^T, P^T dO, dS^T Q, dS K
+    )
