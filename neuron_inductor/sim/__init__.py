@@ -1,0 +1,48 @@
+"""A CPU interpreter for NKI 0.3+ kernels (`nki`, `nki.language`, `nki.isa`) on torch tensors.
+
+Kernels written for real NKI run unchanged::
+
+    from neuron_inductor import sim
+    kernels = sim.load_kernels(source, "k0.py")     # exec under as_nki(), {name: kernel}
+    out = kernels["k0_pointwise"](x, y)             # torch CPU tensors in, torch tensors out
+
+    with sim.as_nki():                              # `import nki` etc. resolve to the interpreter
+        import my_kernels
+    with sim.trace() as t:                          # record every ISA instruction
+        out = my_kernels.matmul(a, b)
+    t.estimate("trn2").total_seconds                # cost-model device time for one NeuronCore
+
+    python -m neuron_inductor.sim SCRIPT.py ARGS    # run a script written for real NKI
+
+What it enforces: the hardware rules of nki-reference.md §2 (NkiRuleError naming op,
+rule and value), live SBUF / PSUM bytes per partition (NkiCapacityError), NaN-filled
+fresh memory (integers 4), accumulate=True only into written PSUM. Numerics: fp32
+compute, round-to-nearest-even casts into bf16 / fp8 storage, saturating integer casts,
+fp32 PSUM accumulation. Integer HBM arguments may be int64 (token ids): HBM is just
+memory; dma_copy converts them, saturating, into int32 (or other) on-chip tiles.
+
+Environment:
+  NEURON_INDUCTOR_SIM_FP32_STORAGE=1   store bf16 / fp8 tiles as unrounded fp32 (the real
+                                       simulator's NKI_PRECISE_FP=0 mode); default: real dtypes
+  NEURON_PLATFORM_TARGET_OVERRIDE      trn1|gen2, trn2|gen3, trn3|gen4 (default trn2): limits,
+                                       capacities and the cost model's default target
+
+Modules: dtypes, tensor (NkiTensor, views), memory (capacity), rules (checks), ops (math
+operators), isa (nki.isa), language (nki.language), jit (nki.jit, SPMD), trace, cost_model,
+targets (hardware constants), shim (as_nki, load_kernels), __main__ (script runner).
+"""
+
+from . import isa, language
+from .cost_model import Estimate, estimate
+from .errors import NkiCapacityError, NkiError, NkiIndexError, NkiRuleError
+from .jit import Kernel, jit, simulate
+from .shim import as_nki, load_kernels
+from .targets import TARGETS, Target, get_target
+from .tensor import NkiTensor
+from .trace import Instruction, Trace, trace
+
+__all__ = [
+    "Estimate", "Instruction", "Kernel", "NkiCapacityError", "NkiError", "NkiIndexError", "NkiRuleError",
+    "NkiTensor", "TARGETS", "Target", "Trace", "as_nki", "estimate", "get_target", "isa", "jit", "language",
+    "load_kernels", "simulate", "trace",
+]

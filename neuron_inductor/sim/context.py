@@ -1,0 +1,73 @@
+"""Per-program state: target, SBUF/PSUM pools, SPMD ids, ScalarE reduce registers.
+
+One ProgramContext exists per program instance of a launch (`kernel[grid](...)` runs
+the programs one after another, each as its own NeuronCore with its own on-chip
+memory). Calls made outside any kernel (handy in tests) use a default context.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import torch
+
+from .memory import MemoryPool
+from .targets import Target, get_target
+
+
+class ProgramContext:
+    __slots__ = ("target", "sbuf", "psum", "program_id", "grid", "kernel_name", "shared_outputs",
+                 "reduce_regs", "reduce_regs_written")
+
+    def __init__(self, target: Target, program_id=(0,), grid=(1,), kernel_name="", shared_outputs=None):
+        self.target = target
+        self.sbuf = MemoryPool("sbuf", target.name, target.sbuf_usable_bytes)
+        self.psum = MemoryPool("psum", target.name, target.psum_bytes)
+        self.program_id = program_id
+        self.grid = grid
+        self.kernel_name = kernel_name
+        # shared_hbm tensors of an SPMD launch: the k-th allocation of every program is one tensor.
+        self.shared_outputs = shared_outputs if shared_outputs is not None else SharedOutputs()
+        self.reduce_regs = torch.full((128,), float("nan"))
+        self.reduce_regs_written = False
+
+
+class SharedOutputs:
+    """shared_hbm allocations of one launch, matched across programs by allocation order."""
+
+    __slots__ = ("tensors", "cursor")
+
+    def __init__(self):
+        self.tensors = []
+        self.cursor = 0
+
+    def restart(self):
+        self.cursor = 0
+
+
+class _Stack(threading.local):
+    def __init__(self):
+        self.contexts = []
+
+
+_stack = _Stack()
+_default = {}
+
+
+def current() -> ProgramContext:
+    contexts = _stack.contexts
+    if contexts:
+        return contexts[-1]
+    target = get_target()
+    context = _default.get(target.name)
+    if context is None:
+        context = _default[target.name] = ProgramContext(target)
+    return context
+
+
+def push(context: ProgramContext) -> None:
+    _stack.contexts.append(context)
+
+
+def pop() -> None:
+    _stack.contexts.pop()

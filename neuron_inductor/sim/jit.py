@@ -1,0 +1,108 @@
+"""nki.jit, nki.simulate and SPMD launches.
+
+A kernel is called with torch tensors (or NumPy arrays) and returns the same kind.
+Tensor arguments are wrapped as shared-HBM NkiTensors around the caller's memory, with
+no copy: strided, permuted and expanded views read through, and writes into an argument
+update it in place (as the real simulator does). The kernel returns `nl.shared_hbm`
+tensors (or a tuple / list of them, or an argument); each becomes the torch tensor that
+holds it, in its NKI dtype (uint32 comes back as int64, the storage torch can compute on;
+in NumPy mode bf16 / fp8 / uint16 outputs come back as float32 arrays).
+
+`kernel[grid](...)` runs the programs of the grid one after another, each with its own
+`nl.program_id`, its own SBUF/PSUM and ScalarE registers, and the same shared_hbm
+outputs (the k-th shared_hbm allocation of every program is one tensor).
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+
+import numpy as np
+import torch
+
+from . import context, rules
+from .errors import NkiError
+from .targets import get_target
+from .tensor import NkiTensor, wrap_hbm
+
+
+class Kernel:
+    """A jit kernel: call it, or index it with a grid for an SPMD launch."""
+
+    def __init__(self, func, grid=(1,)):
+        self.func = func
+        self.grid = grid
+        functools.update_wrapper(self, func)
+
+    def __getitem__(self, grid) -> Kernel:
+        grid = tuple(grid) if isinstance(grid, (tuple, list)) else (grid,)
+        if not grid or any(not isinstance(g, int) or g < 1 for g in grid):
+            raise NkiError(f"{self.func.__name__}[{grid}]: a grid is one or more positive ints")
+        return Kernel(self.func, grid)
+
+    def __call__(self, *args, **kwargs):
+        return run(self.func, self.grid, args, kwargs)
+
+    def __repr__(self):
+        grid = "" if self.grid == (1,) else f"[{', '.join(map(str, self.grid))}]"
+        return f"<nki kernel {self.func.__name__}{grid}>"
+
+
+def jit(func=None, *, mode=None, platform_target=None, **options):
+    """`@nki.jit` or `@nki.jit(...)`; `mode` / `platform_target` are accepted and ignored (deprecated in NKI)."""
+    if func is None:
+        return lambda f: Kernel(f)
+    if isinstance(func, Kernel):
+        return func
+    return Kernel(func)
+
+
+def simulate(kernel):
+    """`nki.simulate(kernel)(*args)`: every call here is a simulation, so this only wraps plain functions."""
+    return kernel if isinstance(kernel, Kernel) else Kernel(kernel)
+
+
+def run(func, grid, args, kwargs):
+    numpy_mode = any(isinstance(a, np.ndarray) for a in itertools.chain(args, kwargs.values()))
+    args = tuple(_wrap(a) for a in args)
+    kwargs = {k: _wrap(v) for k, v in kwargs.items()}
+    target = get_target()
+    shared = context.SharedOutputs()
+    result = None
+    for index, program_id in enumerate(itertools.product(*(range(g) for g in grid))):
+        shared.restart()
+        program = context.ProgramContext(target, program_id, grid, func.__name__, shared)
+        context.push(program)
+        try:
+            returned = func(*args, **kwargs)
+        finally:
+            context.pop()
+        if index == 0:
+            result = returned
+    return _unwrap(result, numpy_mode)
+
+
+def _wrap(value):
+    if isinstance(value, torch.Tensor):
+        return wrap_hbm(value)
+    if isinstance(value, np.ndarray):
+        return wrap_hbm(torch.from_numpy(value))
+    if isinstance(value, (tuple, list)):
+        return type(value)(_wrap(v) for v in value)
+    return value
+
+
+_NO_NUMPY = (torch.bfloat16, torch.float8_e4m3fn, torch.float8_e5m2, torch.uint16)
+
+
+def _unwrap(value, numpy_mode):
+    if isinstance(value, NkiTensor):
+        rules.kernel_output(value)
+        out = value.data
+        if not numpy_mode:
+            return out
+        return (out.float() if out.dtype in _NO_NUMPY else out).numpy()
+    if isinstance(value, (tuple, list)):
+        return type(value)(_unwrap(v, numpy_mode) for v in value)
+    return value

@@ -1,0 +1,385 @@
+"""nki.language: buffers, dtypes, tile sizes, tensor creation, movement and the nl-level math.
+
+nl-level tile functions allocate a fresh SBUF result and lower onto the ISA
+instructions the compiler would emit (so they are checked and traced like hand-written
+nisa code): binary ops -> tensor_tensor (tile, tile) or tensor_scalar (tile, number);
+unary math -> a ScalarE activation; reductions -> tensor_reduce; softmax / rms_norm ->
+the usual reduce / activation / reciprocal / tensor_scalar sequence.
+Following NKI 0.3.0 on hardware: no tile-tile broadcasting, no divide / fmod / mod,
+no power(tile, scalar), nl.matmul only with transpose_x=True, nl.store takes an SBUF value.
+"""
+
+from __future__ import annotations
+
+import operator
+
+import torch
+
+from . import context, dtypes, isa, rules
+from . import tensor as tensors
+from .dtypes import (bfloat16, bool_, float8_e4m3, float8_e4m3fn, float8_e5m2, float16, float32,  # noqa: F401
+                     int8, int16, int32, tfloat32, uint8, uint16, uint32)
+from .errors import NkiError
+from .ops import ALU_KINDS, OPS, NkiOp
+from .tensor import DynSlice, NkiTensor, ds  # noqa: F401
+
+sbuf, psum, shared_hbm, private_hbm = tensors.sbuf, tensors.psum, tensors.shared_hbm, tensors.private_hbm
+hbm = private_hbm  # as in the 0.3.0 stub
+
+
+class _TileSize:
+    """nl.tile_size. The alignments are undocumented (§7): 4-byte PSUM / 32-byte SBUF are assumptions."""
+
+    pmax = 128
+    psum_fmax = 512
+    psum_bank_fmax = 512
+    gemm_stationary_fmax = 128
+    gemm_moving_fmax = 512
+    bn_stats_fmax = 512
+    psum_min_align = 4
+    sbuf_min_align = 32
+
+    @property
+    def total_available_sbuf_size(self) -> int:
+        return context.current().target.sbuf_usable_bytes
+
+
+tile_size = _TileSize()
+
+
+# ---------------------------------------------------------------------------- creation
+
+def _shape(shape) -> tuple:
+    if isinstance(shape, int):
+        return (shape,)
+    return tuple(operator.index(s) for s in shape)
+
+
+def ndarray(shape, dtype, buffer=sbuf, name="", address=None) -> NkiTensor:
+    """An uninitialised tensor (NaN / 4 filled, as in the real simulator). `address=` is ignored."""
+    shape = _shape(shape)
+    dtype = dtypes.as_dtype(dtype)
+    if not isinstance(buffer, tensors.Buffer):
+        raise NkiError(f"nl.ndarray: buffer={buffer!r} must be nl.sbuf, nl.psum, nl.shared_hbm or nl.private_hbm")
+    program = context.current()
+    if buffer.on_chip:
+        rules.dtype_on_chip("nl.ndarray", name or "tile", dtype)
+        if shape and shape[0] > rules.PMAX:
+            rules.fail("nl.ndarray", f"partition dim <= {rules.PMAX}", shape[0],
+                       f"{buffer.name} tile {list(shape)} has partition dim {shape[0]}, over the {rules.PMAX}-partition limit")
+        pool = program.sbuf if buffer is sbuf else program.psum
+        return tensors.allocate(shape, dtype, buffer, name, pool)
+    if buffer is shared_hbm:
+        return _shared(program.shared_outputs, shape, dtype, name)
+    return tensors.allocate(shape, dtype, buffer, name, None)
+
+
+def _shared(outputs, shape, dtype, name) -> NkiTensor:
+    """The k-th shared_hbm allocation of every SPMD program is the same tensor."""
+    if outputs.cursor < len(outputs.tensors):
+        t = outputs.tensors[outputs.cursor]
+        if t.shape != shape or t.dtype is not dtype:
+            raise NkiError(f"nl.ndarray: SPMD programs allocate shared_hbm tensors differently "
+                           f"({list(t.shape)} {t.dtype!r} vs {list(shape)} {dtype!r})")
+    else:
+        t = tensors.allocate(shape, dtype, shared_hbm, name, None)
+        outputs.tensors.append(t)
+    outputs.cursor += 1
+    return t
+
+
+def full(shape, fill_value, dtype, buffer=sbuf, name="") -> NkiTensor:
+    t = ndarray(shape, dtype, buffer, name)
+    if buffer.on_chip:
+        isa.memset(t, fill_value)
+    else:
+        isa.fill(t, fill_value)
+    return t
+
+
+def zeros(shape, dtype, buffer=sbuf, name="") -> NkiTensor:
+    return full(shape, 0, dtype, buffer, name)
+
+
+def ones(shape, dtype, buffer=sbuf, name="") -> NkiTensor:
+    return full(shape, 1, dtype, buffer, name)
+
+
+def zeros_like(a, dtype=None, buffer=sbuf, name="") -> NkiTensor:
+    return zeros(a.shape, dtype or a.dtype, buffer, name)
+
+
+def empty_like(a, dtype=None, buffer=sbuf, name="") -> NkiTensor:
+    return ndarray(a.shape, dtype or a.dtype, buffer, name)
+
+
+def shared_identity_matrix(n, dtype=uint8, name="") -> NkiTensor:
+    """An [n, n] identity in SBUF (a constant the runtime loads: traced as one DMA)."""
+    t = ndarray((n, n), dtype, sbuf, name)
+    isa.fill(t, 0)
+    t.data.diagonal().fill_(1)
+    _trace_constant_load(t)
+    return t
+
+
+def _trace_constant_load(t):
+    if isa.ACTIVE:
+        isa.record("dma", "load", 0, t.data.numel() * t.dtype.itemsize, rules.free_size(t), t.data.shape[0],
+                   (("dst", t),))
+
+
+# ---------------------------------------------------------------------------- movement
+
+def load(src, dtype=None, name="") -> NkiTensor:
+    """HBM -> a new SBUF tile of src's shape."""
+    rules.on_chip("nl.load", "src", src, ("shared_hbm", "private_hbm"))
+    t = ndarray(src.shape, dtype or src.dtype, sbuf, name)
+    isa._dma_copy("nl.load", "load", t, src)
+    return t
+
+
+def store(dst, value) -> None:
+    """SBUF value -> HBM dst."""
+    rules.on_chip("nl.store", "dst", dst, ("shared_hbm", "private_hbm"))
+    rules.on_chip("nl.store", "value", value, ("sbuf",))
+    isa._dma_copy("nl.store", "store", dst, value)
+
+
+def load_transpose2d(src, dtype=None, name="") -> NkiTensor:
+    """HBM [A, B] -> a new SBUF tile [B, A] (a DMA transpose)."""
+    a, b = src.shape
+    t = ndarray((b, a), dtype or src.dtype, sbuf, name)
+    isa.dma_transpose(t, src)
+    return t
+
+
+# ---------------------------------------------------------------------------- SPMD, debugging, loops
+
+def program_id(axis=0) -> int:
+    return context.current().program_id[axis]
+
+
+def num_programs(axes=0):
+    grid = context.current().grid
+    if axes is None:
+        total = 1
+        for g in grid:
+            total *= g
+        return total
+    if isinstance(axes, (tuple, list)):
+        return tuple(grid[a] for a in axes)
+    return grid[axes]
+
+
+def program_ndim() -> int:
+    return len(context.current().grid)
+
+
+def device_print(prefix, x) -> None:
+    print(prefix, x.data.float() if isinstance(x, NkiTensor) else x)
+
+
+def affine_range(*args, **kwargs):
+    """All NKI loop kinds unroll to a plain Python range (0.3.0 semantics)."""
+    return range(*args)
+
+
+sequential_range = static_range = dynamic_range = affine_range
+
+
+# ---------------------------------------------------------------------------- elementwise math
+
+def _is_tile(x) -> bool:
+    return isinstance(x, NkiTensor)
+
+
+def _dtype_of(x):
+    return x.dtype if _is_tile(x) else dtypes.scalar_dtype(x)
+
+
+def _binary(op: NkiOp, x, y, dtype=None):
+    api = f"nl.{op.name}"
+    rules.alu_op(api, "op", op, ALU_KINDS)
+    if not _is_tile(x) and not _is_tile(y):
+        return op.fn(torch.scalar_tensor(x), torch.scalar_tensor(y)).item()
+    out = dtypes.as_dtype(dtype) if dtype is not None else dtypes.promote(_dtype_of(x), _dtype_of(y))
+    if _is_tile(x) and _is_tile(y):
+        if x.shape != y.shape:
+            rules.fail(api, "no tile-tile broadcasting in NKI 0.3 (use nisa.tensor_scalar)", (x.shape, y.shape),
+                       f"operand shapes {list(x.shape)} and {list(y.shape)} differ")
+        dst = ndarray(x.shape, out, sbuf)
+        isa.tensor_tensor(dst, x, y, op)
+        return dst
+    if op.name == "power":
+        rules.fail(api, "no power(tile, scalar) in NKI 0.3", y, "power with a scalar operand is unsupported")
+    tile, scalar, reverse = (x, y, False) if _is_tile(x) else (y, x, True)
+    dst = ndarray(tile.shape, out, sbuf)
+    isa.tensor_scalar(dst, tile, op, scalar, reverse0=reverse)
+    return dst
+
+
+def _unary(op: NkiOp, x, dtype=None):
+    """Unary math on ScalarE into a new SBUF tile (nl.copy: into x's buffer, through fp32)."""
+    float_default = x.dtype if x.dtype.kind == "float" else float32
+    out = dtypes.as_dtype(dtype) if dtype is not None else float_default
+    dst = ndarray(x.shape, out, x.buffer if op.name == "copy" else sbuf)
+    isa._activation(f"nl.{op.name}", dst, op, x, None, 1.0, None, None, isa.reduce_cmd.idle)
+    return dst
+
+
+def _invert(op: NkiOp, x, dtype=None):
+    dst = ndarray(x.shape, dtypes.as_dtype(dtype) if dtype is not None else x.dtype, sbuf)
+    isa.tensor_scalar(dst, x, OPS["bitwise_xor"], -1)  # ~x == x ^ all-ones
+    return dst
+
+
+# ---------------------------------------------------------------------------- reductions
+
+def _reduced_shape(api, x, axis, keepdims):
+    axes = tuple(axis) if isinstance(axis, (tuple, list)) else (axis,)
+    shape = x.shape
+    axes = rules.reduce_axes(api, axes, len(shape))
+    kept = shape[:axes[0]]
+    return axes, kept + (1,) * len(axes) if keepdims else kept
+
+
+def _reduce(op: NkiOp, x, axis, dtype=None, keepdims=False):
+    api = f"nl.{op.name}"
+    axes, out_shape = _reduced_shape(api, x, axis, keepdims)
+    out = dtypes.as_dtype(dtype) if dtype is not None else x.dtype
+    if op.name == "mean":
+        count = 1
+        for a in axes:
+            count *= x.shape[a]
+        total = ndarray(out_shape, float32, sbuf)
+        isa.tensor_reduce(total, OPS["add"], x, axes)
+        dst = ndarray(out_shape, out, sbuf)
+        isa.tensor_scalar(dst, total, OPS["multiply"], 1.0 / count)
+        return dst
+    if op.name == "var":
+        return _var(api, x, axes, out_shape, out)
+    dst = ndarray(out_shape, out, sbuf)
+    isa.tensor_reduce(dst, op, x, axes)
+    return dst
+
+
+def _var(api, x, axes, out_shape, out):
+    """Population variance over all free dims: mean, subtract, square, mean."""
+    if axes[0] != 1:
+        raise NkiError(f"{api}: the interpreter computes variance over all free dims only")
+    p, n = x.shape[0], rules.free_size(x)
+    mean = _reduce(OPS["mean"], x, axes, dtype=float32, keepdims=True)
+    centred = ndarray(x.shape, float32, sbuf)
+    isa.tensor_scalar(centred, x, OPS["subtract"], mean.reshape(p, 1))
+    squared = ndarray(x.shape, float32, sbuf)
+    isa.tensor_tensor(squared, centred, centred, OPS["multiply"])
+    total = ndarray(out_shape, float32, sbuf)
+    isa.tensor_reduce(total, OPS["add"], squared, axes)
+    dst = ndarray(out_shape, out, sbuf)
+    isa.tensor_scalar(dst, total, OPS["multiply"], 1.0 / n)
+    return dst
+
+
+def softmax(x, axis=-1, dtype=None) -> NkiTensor:
+    """exp(x - max) / sum over the free dim of a [P, F] tile."""
+    if x.ndim != 2 or axis not in (-1, 1):
+        raise NkiError("nl.softmax: the interpreter handles [P, F] tiles with axis=-1")
+    p = x.shape[0]
+    row_max = ndarray((p, 1), float32, sbuf)
+    isa.tensor_reduce(row_max, OPS["max"], x, 1)
+    neg_max = ndarray((p, 1), float32, sbuf)
+    isa.tensor_scalar(neg_max, row_max, OPS["multiply"], -1.0)
+    exps = ndarray(x.shape, float32, sbuf)
+    sums = ndarray((p, 1), float32, sbuf)
+    isa.activation(exps, OPS["exp"], x, bias=neg_max, reduce_op=OPS["add"], reduce_res=sums,
+                   reduce_cmd=isa.reduce_cmd.reset_reduce)
+    inv = ndarray((p, 1), float32, sbuf)
+    isa.reciprocal(inv, sums)
+    dst = ndarray(x.shape, dtype or x.dtype, sbuf)
+    isa.tensor_scalar(dst, exps, OPS["multiply"], inv)
+    return dst
+
+
+def rms_norm(x, w, axis, n, epsilon=1e-6, dtype=None, compute_dtype=None) -> NkiTensor:
+    """x * rsqrt(sum(x^2) / n + epsilon) * w over the free dim of a [P, F] tile; w is [P, F] or [1, F]."""
+    if x.ndim != 2 or axis not in (-1, 1):
+        raise NkiError("nl.rms_norm: the interpreter handles [P, F] tiles with axis=-1")
+    p = x.shape[0]
+    squares = ndarray(x.shape, float32, sbuf)
+    sums = ndarray((p, 1), float32, sbuf)
+    isa.activation_reduce(squares, OPS["square"], x, OPS["add"], sums)
+    inv_rms = ndarray((p, 1), float32, sbuf)
+    isa.tensor_scalar(inv_rms, sums, OPS["multiply"], 1.0 / n, op1=OPS["add"], operand1=epsilon)
+    isa.activation(inv_rms, OPS["rsqrt"], inv_rms)
+    normed = ndarray(x.shape, float32, sbuf)
+    isa.tensor_scalar(normed, x, OPS["multiply"], inv_rms)
+    if w.shape != x.shape:
+        w = broadcast_to(w, x.shape)
+    dst = ndarray(x.shape, dtype or x.dtype, sbuf)
+    isa.tensor_tensor(dst, normed, w, OPS["multiply"])
+    return dst
+
+
+# ---------------------------------------------------------------------------- selection and shapes
+
+def where(condition, x, y, dtype=None) -> NkiTensor:
+    """x where condition (a 1.0 / 0.0 tile) is nonzero, else y; x, y tiles or numbers (VectorE select)."""
+    api = "nl.where"
+    out = dtypes.as_dtype(dtype) if dtype is not None else dtypes.promote(_dtype_of(x), _dtype_of(y))
+    dst = ndarray(condition.shape, out, sbuf)
+    operands = [("condition", condition)] + [(r, v) for r, v in (("x", x), ("y", y)) if _is_tile(v)]
+    n = isa._check_elementwise(api, dst, *operands)
+    values = torch.where(isa._f32(condition) != 0, isa._scalar(x), isa._scalar(y))
+    isa._write(dst, values.expand(dst.data.shape[0], n))
+    if isa.ACTIVE:
+        p = dst.data.shape[0]
+        isa.record("vector", "select", p * n, isa._bytes(dst, condition, x, y), n, p, [("dst", dst)] + operands)
+    return dst
+
+
+def expand_dims(x, axis) -> NkiTensor:
+    if x.buffer.on_chip and axis == 0:
+        rules.fail("nl.expand_dims", "on-chip tiles keep dim 0 as the partition dim", axis, "axis=0 on a tile")
+    return NkiTensor(x.data.unsqueeze(axis), x.dtype, x.buffer, x.alloc, x.name)
+
+
+def broadcast_to(x, shape) -> NkiTensor:
+    """A new SBUF tile holding x broadcast to `shape` (traced as one VectorE copy)."""
+    shape = _shape(shape)
+    dst = ndarray(shape, x.dtype, sbuf)
+    try:
+        values = x.data.expand(shape)
+    except RuntimeError:
+        raise NkiError(f"nl.broadcast_to: cannot broadcast {list(x.shape)} to {list(shape)}") from None
+    dst.data.copy_(values)
+    if isa.ACTIVE:
+        p, n = shape[0], rules.free_size(dst)
+        isa.record("vector", "tensor_copy", p * n, isa._bytes(dst, x), n, p, (("dst", dst), ("src", x)))
+    return dst
+
+
+def matmul(x, y, transpose_x=False) -> NkiTensor:
+    """x.T @ y into a new fp32 PSUM tile (x [K, M], y [K, N]); 0.3.0 supports only transpose_x=True."""
+    if not transpose_x:
+        rules.fail("nl.matmul", "transpose_x=True (NKI 0.3.0 known issue)", transpose_x,
+                   "transpose_x=False does not work in NKI 0.3.0; pass x as [K, M] with transpose_x=True")
+    dst = ndarray((rules.free_size(x), rules.free_size(y)), float32, psum)
+    isa.nc_matmul(dst, x, y)
+    return dst
+
+
+def transpose(x, dtype=None) -> NkiTensor:
+    """x.T into a new PSUM tile (TensorE)."""
+    dst = ndarray((rules.free_size(x), x.shape[0]), dtype or x.dtype, psum)
+    isa.nc_transpose(dst, x, engine=isa.engine.tensor)
+    return dst
+
+
+# ---------------------------------------------------------------------------- op objects as nl functions
+
+_CALLS = {"arith": _binary, "compare": _binary, "logical": _binary, "bitvec": _binary,
+          "bitvec_unary": _invert, "unary": _unary, "reduce": _reduce}
+for _op in OPS.values():
+    _op.call = _CALLS[_op.kind]
+    globals()[_op.name] = _op
+del _op

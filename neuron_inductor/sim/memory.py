@@ -1,0 +1,36 @@
+"""Live SBUF / PSUM bytes per partition, checked against the target's capacity.
+
+The real simulator does not check capacity; this one does. Each on-chip `nl.ndarray`
+reserves `prod(shape[1:]) * itemsize` bytes on every partition (the allocator hands out
+an address range that spans all partitions, whatever the tile's partition count) and
+gives them back when the last view of the tile is garbage-collected. A kernel that keeps
+every loop iteration's tile alive (say, in a list) therefore really does use more SBUF.
+Not modelled: alignment padding (psum_min_align / sbuf_min_align are undocumented),
+fragmentation, bank granularity of PSUM tiles, and `address=` placement.
+"""
+
+from __future__ import annotations
+
+from . import rules
+
+
+class MemoryPool:
+    """Bytes per partition in use in one on-chip buffer of one NeuronCore (one program)."""
+
+    __slots__ = ("buffer_name", "target_name", "capacity", "live", "peak")
+
+    def __init__(self, buffer_name: str, target_name: str, capacity: int):
+        self.buffer_name = buffer_name
+        self.target_name = target_name
+        self.capacity = capacity
+        self.live = 0
+        self.peak = 0
+
+    def reserve(self, nbytes: int, what: str) -> None:
+        rules.capacity(self, nbytes, what)
+        self.live += nbytes
+        if self.live > self.peak:
+            self.peak = self.live
+
+    def release(self, nbytes: int) -> None:
+        self.live -= nbytes

@@ -1,0 +1,169 @@
+"""The math operators: one NkiOp per `nl` function, which is also the `op=` token of `nisa` calls.
+
+NKI passes operators as the `nl` functions themselves (`nisa.tensor_tensor(..., op=nl.add)`,
+`nisa.activation(op=nl.exp, ...)`), and the same names are callable tile functions
+(`nl.add(x, y)`). An NkiOp carries the fp32 torch semantics, its kind, whether ScalarE
+implements it as an activation function, and its reduction (for `tensor_reduce`);
+`language.py` installs the tile-level call.
+
+Kinds: "arith" and "compare" binary ALU ops (compare yields 1.0 / 0.0), "logical",
+"bitvec" (integer-only), "unary" math, and "reduce" (nl.sum, nl.max, ...).
+Activation formulas follow the textbook definitions; the hardware's piece-wise
+polynomial approximations and their range limits are not modelled.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+
+class NkiOp:
+    __slots__ = ("name", "kind", "fn", "int_fn", "activation", "reduce", "unsupported", "call")
+
+    def __init__(self, name, kind, fn=None, int_fn=None, activation=False, reduce=None, unsupported=None):
+        self.name = name
+        self.kind = kind
+        self.fn = fn                # fp32 semantics
+        self.int_fn = int_fn        # exact int64 semantics (None: integers go through fp32)
+        self.activation = activation  # a ScalarE activation function
+        self.reduce = reduce        # (values [P, F] fp32, dim) -> [P] for tensor_reduce
+        self.unsupported = unsupported  # why the hardware rejects it, if it does
+        self.call = None            # the nl-level tile function, set by language.py
+
+    def __call__(self, *args, **kwargs):
+        return self.call(self, *args, **kwargs)
+
+    def __repr__(self):
+        return f"nl.{self.name}"
+
+
+def _sum(x, dim):
+    return x.sum(dim)
+
+
+def _prod(x, dim):
+    return x.prod(dim)
+
+
+def _amax(x, dim):
+    return x.amax(dim)
+
+
+def _amin(x, dim):
+    return x.amin(dim)
+
+
+def _all(x, dim):
+    return (x != 0).all(dim).float()
+
+
+def _any(x, dim):
+    return (x != 0).any(dim).float()
+
+
+def _compare(fn):
+    return lambda a, b: fn(a, b).float()
+
+
+def _logical(fn):
+    return lambda a, b: fn(a != 0, b != 0).float()
+
+
+_SQRT_HALF = math.sqrt(0.5)
+_INV_SQRT_2PI = 1.0 / math.sqrt(2 * math.pi)
+
+
+def _gelu_dx(x):
+    return 0.5 * (1 + torch.erf(x * _SQRT_HALF)) + x * _INV_SQRT_2PI * torch.exp(-0.5 * x * x)
+
+
+def _gelu_apprx_sigmoid_dx(x):
+    s = torch.sigmoid(1.702 * x)
+    return s + 1.702 * x * s * (1 - s)
+
+
+def _silu_dx(x):
+    s = torch.sigmoid(x)
+    return s * (1 + x * (1 - s))
+
+
+def _unary(name, fn, activation=True):
+    return NkiOp(name, "unary", fn, activation=activation)
+
+
+OPS = {op.name: op for op in [
+    # Binary arithmetic (ALU).
+    NkiOp("add", "arith", torch.add, torch.add, reduce=_sum),
+    NkiOp("subtract", "arith", torch.sub, torch.sub),
+    NkiOp("multiply", "arith", torch.mul, torch.mul, reduce=_prod),
+    NkiOp("maximum", "arith", torch.maximum, torch.maximum, reduce=_amax),
+    NkiOp("minimum", "arith", torch.minimum, torch.minimum, reduce=_amin),
+    NkiOp("power", "arith", torch.pow),
+    NkiOp("divide", "arith", torch.div, unsupported="the ALU has no divide; use reciprocal then multiply"),
+    NkiOp("fmod", "arith", torch.fmod, unsupported="fmod runs only in the simulator, not on the hardware"),
+    NkiOp("mod", "arith", torch.remainder, unsupported="mod runs only in the simulator, not on the hardware"),
+    # Comparisons: 1.0 where true, 0.0 where false.
+    NkiOp("equal", "compare", _compare(torch.eq), _compare(torch.eq)),
+    NkiOp("not_equal", "compare", _compare(torch.ne), _compare(torch.ne)),
+    NkiOp("greater", "compare", _compare(torch.gt), _compare(torch.gt)),
+    NkiOp("greater_equal", "compare", _compare(torch.ge), _compare(torch.ge)),
+    NkiOp("less", "compare", _compare(torch.lt), _compare(torch.lt)),
+    NkiOp("less_equal", "compare", _compare(torch.le), _compare(torch.le)),
+    NkiOp("logical_and", "logical", _logical(torch.logical_and), reduce=_all),
+    NkiOp("logical_or", "logical", _logical(torch.logical_or), reduce=_any),
+    NkiOp("logical_xor", "logical", _logical(torch.logical_xor)),
+    # Bit-vector ops: integer dtypes only, exact.
+    NkiOp("bitwise_and", "bitvec", int_fn=torch.bitwise_and),
+    NkiOp("bitwise_or", "bitvec", int_fn=torch.bitwise_or),
+    NkiOp("bitwise_xor", "bitvec", int_fn=torch.bitwise_xor),
+    NkiOp("left_shift", "bitvec", int_fn=torch.bitwise_left_shift),
+    NkiOp("right_shift", "bitvec", int_fn=torch.bitwise_right_shift),
+    NkiOp("invert", "bitvec_unary", int_fn=torch.bitwise_not),
+    NkiOp("logical_not", "unary", lambda x: (x == 0).float(), activation=False),
+    # Unary math; activation=True marks ScalarE activation functions (§1 list).
+    _unary("copy", lambda x: x),
+    _unary("square", torch.square),
+    _unary("sigmoid", torch.sigmoid),
+    _unary("relu", torch.relu),
+    _unary("gelu", lambda x: F.gelu(x)),
+    _unary("gelu_dx", _gelu_dx),
+    _unary("gelu_apprx_tanh", lambda x: F.gelu(x, approximate="tanh")),
+    _unary("gelu_apprx_sigmoid", lambda x: x * torch.sigmoid(1.702 * x)),
+    _unary("gelu_apprx_sigmoid_dx", _gelu_apprx_sigmoid_dx),
+    _unary("silu", F.silu),
+    _unary("silu_dx", _silu_dx),
+    _unary("tanh", torch.tanh),
+    _unary("softplus", F.softplus),
+    _unary("mish", F.mish),
+    _unary("erf", torch.erf),
+    _unary("erf_dx", lambda x: (2.0 / math.sqrt(math.pi)) * torch.exp(-x * x)),
+    _unary("exp", torch.exp),
+    _unary("sign", torch.sign),
+    _unary("abs", torch.abs),
+    _unary("log", torch.log),
+    _unary("sin", torch.sin),
+    _unary("arctan", torch.atan),
+    _unary("sqrt", torch.sqrt),
+    _unary("rsqrt", torch.rsqrt),
+    _unary("reciprocal", torch.reciprocal),
+    _unary("negative", torch.neg, activation=False),
+    _unary("cos", torch.cos, activation=False),
+    _unary("tan", torch.tan, activation=False),
+    _unary("ceil", torch.ceil, activation=False),
+    _unary("floor", torch.floor, activation=False),
+    _unary("trunc", torch.trunc, activation=False),
+    # Reductions (nl.sum(x, axis) ...); also accepted as tensor_reduce ops.
+    NkiOp("sum", "reduce", reduce=_sum),
+    NkiOp("prod", "reduce", reduce=_prod),
+    NkiOp("max", "reduce", reduce=_amax),
+    NkiOp("min", "reduce", reduce=_amin),
+    NkiOp("all", "reduce", reduce=_all),
+    NkiOp("mean", "reduce"),
+    NkiOp("var", "reduce"),
+]}
+
+# ALU ops legal in tensor_tensor / tensor_scalar / scalar_tensor_tensor.
+ALU_KINDS = frozenset({"arith", "compare", "logical", "bitvec"})

@@ -1,0 +1,288 @@
+"""The hardware rules of nki-reference.md §2 (plus the per-op rules of §1), one function each.
+
+Each check returns quietly or raises NkiRuleError naming the op, the rule and the
+offending value, e.g. "nisa.nc_matmul: stationary partition dim 256 exceeds the
+128-partition limit (rule: partition dim <= 128)". Checks read only shapes, dtypes
+and buffers, so they cost a few hundred nanoseconds each.
+"""
+
+from __future__ import annotations
+
+from .errors import NkiCapacityError, NkiRuleError
+
+PMAX = 128               # partitions (nl.tile_size.pmax)
+STATIONARY_FMAX = 128    # nl.tile_size.gemm_stationary_fmax
+TRANSPOSE_VECTOR_MAX = 32
+BN_STATS_FMAX = 512
+MATMUL_INPUT_DTYPES = frozenset({"float8_e4m3", "float8_e4m3fn", "float8_e5m2", "bfloat16", "float16",
+                                 "tfloat32", "float32"})
+
+
+def fail(op: str, rule: str, value, message: str):
+    raise NkiRuleError(op, rule, value, message)
+
+
+def free_size(t) -> int:
+    """Elements per partition of an on-chip view (free dims flattened)."""
+    data = t.data
+    n = 1
+    for s in data.shape[1:]:
+        n *= s
+    return n
+
+
+def on_chip(op, role, t, allowed=("sbuf", "psum")):
+    """Operand buffers: `t` must be a tile in one of `allowed`."""
+    buffer = getattr(t, "buffer", None)
+    if buffer is None:
+        fail(op, "operand is an NKI tensor", type(t).__name__, f"{role} must be an NKI tensor, got {type(t).__name__}")
+    if buffer.name not in allowed:
+        fail(op, f"{role} buffer in {' / '.join(allowed)}", buffer.name,
+             f"{role} is in {buffer.name}, but {op.split('.')[-1]} takes it from {' or '.join(allowed)}")
+
+
+def partition_limit(op, role, t):
+    p = t.data.shape[0] if t.data.dim() else 1
+    if p > PMAX:
+        fail(op, f"partition dim <= {PMAX}", p, f"{role} partition dim {p} exceeds the {PMAX}-partition limit")
+
+
+def tile(op, role, t, allowed=("sbuf", "psum")):
+    """An on-chip operand: right buffer, partition dim within limits."""
+    on_chip(op, role, t, allowed)
+    partition_limit(op, role, t)
+
+
+def start_partition(op, role, t):
+    """Compute engines start at partition 0 (>64 partitions), 0/64 (33-64) or 0/32/64/96 (<=32)."""
+    if t.data.storage_offset() == 0:
+        return
+    start = t.start_partition()
+    count = t.data.shape[0]
+    legal = (0,) if count > 64 else (0, 64) if count > 32 else (0, 32, 64, 96)
+    if start not in legal:
+        fail(op, "start partition 0 (>64 parts), 0/64 (33-64), 0/32/64/96 (<=32)", start,
+             f"{role} spans {count} partitions starting at partition {start}")
+
+
+def same_partitions(op, role_a, a, role_b, b):
+    pa, pb = a.data.shape[0], b.data.shape[0]
+    if pa != pb:
+        fail(op, "operands have equal partition dims", (pa, pb),
+             f"{role_a} has {pa} partitions but {role_b} has {pb}")
+
+
+def same_free_size(op, role_a, na, role_b, nb):
+    if na != nb:
+        fail(op, "equal elements per partition", (na, nb),
+             f"{role_a} has {na} elements per partition but {role_b} has {nb}")
+
+
+def not_both_psum(op, a, b):
+    if a.buffer.name == "psum" and b.buffer.name == "psum":
+        fail(op, "at most one input in PSUM", "psum", "both inputs are in PSUM")
+
+
+def gpsimd_no_psum(op, engine, *tensors):
+    if engine != "gpsimd":
+        return
+    for t in tensors:
+        if getattr(t, "buffer", None) is not None and t.buffer.name == "psum":
+            fail(op, "GpSimd cannot access PSUM", "psum", "an operand is in PSUM but the instruction runs on GpSimd")
+
+
+def dtype_on_chip(op, role, dtype):
+    if not dtype.on_chip:
+        fail(op, "no 64-bit dtypes on chip", dtype.name,
+             f"{role} has dtype {dtype.name}, which exists only in HBM (dma_copy into int32 / float32 tiles)")
+
+
+def integer_dtypes(op, op_name, *tensors):
+    for t in tensors:
+        if t.dtype.kind != "int":
+            fail(op, "bitvec ops need integer dtypes", t.dtype.name, f"{op_name} needs integer operands, got {t.dtype.name}")
+
+
+def alu_op(op, role, nki_op, kinds):
+    kind = getattr(nki_op, "kind", None)
+    if kind not in kinds:
+        fail(op, "op is an ALU operator (nl.add, nl.multiply, ...)", nki_op, f"{role}={nki_op!r} is not an ALU operator")
+    if nki_op.unsupported:
+        fail(op, f"no {nki_op.name} on the hardware", nki_op.name, nki_op.unsupported)
+
+
+def activation_op(op, nki_op):
+    if not getattr(nki_op, "activation", False):
+        fail(op, "op is a ScalarE activation function", nki_op, f"{nki_op!r} is not an activation function")
+
+
+def reduce_op(op, nki_op):
+    if getattr(nki_op, "reduce", None) is None:
+        fail(op, "reduce op is add/multiply/max/min/logical_and/logical_or", nki_op, f"{nki_op!r} cannot reduce")
+
+
+def add_reduce(op, nki_op):
+    if getattr(nki_op, "name", None) not in ("add", "sum"):
+        fail(op, "reduce_op must be nl.add", nki_op, f"ScalarE reduce registers only sum, got {nki_op!r}")
+
+
+def same_op_family(op, op0, op1):
+    if op1 is not None and (op0.kind == "bitvec") != (op1.kind == "bitvec"):
+        fail(op, "op0 and op1 both bitvec or both arithmetic", (op0, op1), f"cannot mix {op0!r} with {op1!r}")
+
+
+def scalar_engine_ops(op, op0, op1):
+    """ScalarE runs tensor_scalar only for multiply/add combinations (trn2)."""
+    for o in (op0, op1):
+        if o is not None and o.name not in ("multiply", "add"):
+            fail(op, "tensor_scalar on ScalarE takes only multiply / add", o.name,
+                 f"{o!r} cannot run on the Scalar engine")
+
+
+def vector_operand(op, role, operand, partitions, require_fp32=True):
+    """A scalar operand: a Python number or a [P, 1] tile (fp32 for arithmetic) broadcast along the free dims."""
+    if isinstance(operand, (int, float)):
+        return
+    if getattr(operand, "buffer", None) is None:
+        fail(op, f"{role} is a number or a [P, 1] tile", type(operand).__name__,
+             f"{role} must be a Python number or a [P, 1] tile, got {type(operand).__name__}")
+    tile(op, role, operand)
+    shape = operand.data.shape
+    if shape[0] != partitions or free_size(operand) != 1:
+        fail(op, f"{role} is a [P, 1] vector", list(shape),
+             f"{role} has shape {list(shape)}; a vector operand must be [{partitions}, 1]")
+    if require_fp32 and operand.dtype.name != "float32":
+        fail(op, f"{role} vector is float32", operand.dtype.name, f"{role} has dtype {operand.dtype.name}, not float32")
+
+
+def matmul(op, stationary, moving, dst, target):
+    """nc_matmul: stationary [K<=128, M<=128], moving [K<=128, N<=512], dst [M, N] in PSUM."""
+    k, m = stationary.data.shape[0], free_size(stationary)
+    k2, n = moving.data.shape[0], free_size(moving)
+    if k != k2:
+        fail(op, "contraction over the partition dim of both operands", (k, k2),
+             f"stationary has {k} partitions but moving has {k2}")
+    if m > STATIONARY_FMAX:
+        fail(op, f"stationary free size <= {STATIONARY_FMAX}", m,
+             f"stationary free size {m} exceeds gemm_stationary_fmax {STATIONARY_FMAX}")
+    if target.moving_fmax_bytes:
+        if n * moving.dtype.itemsize > target.moving_fmax_bytes:
+            fail(op, f"moving free bytes <= {target.moving_fmax_bytes}", n,
+                 f"moving free size {n} x {moving.dtype.itemsize} B exceeds {target.moving_fmax_bytes} B")
+    elif n > target.moving_fmax:
+        fail(op, f"moving free size <= {target.moving_fmax}", n,
+             f"moving free size {n} exceeds gemm_moving_fmax {target.moving_fmax}")
+    if dst.data.shape[0] != m or free_size(dst) != n:
+        fail(op, "dst is [M, N] = [stationary free, moving free]", list(dst.data.shape),
+             f"dst has shape {list(dst.data.shape)}, expected {m} partitions x {n} elements")
+    for role, t in (("stationary", stationary), ("moving", moving)):
+        if t.dtype.name not in MATMUL_INPUT_DTYPES:
+            fail(op, "matmul inputs are fp8 / bf16 / fp16 / tf32 / fp32", t.dtype.name, f"{role} has dtype {t.dtype.name}")
+    fp32 = [t.dtype.name == "float32" for t in (stationary, moving)]
+    if any(fp32) and not all(t.dtype.name in ("float32", "tfloat32") for t in (stationary, moving)):
+        fail(op, "fp32 matmul inputs pair only with fp32 / tf32", (stationary.dtype.name, moving.dtype.name),
+             f"stationary {stationary.dtype.name} with moving {moving.dtype.name}")
+
+
+def matmul_dst_dtype(op, dst, target, allowed_names):
+    if dst.dtype.name not in allowed_names:
+        fail(op, f"matmul dst dtype in {sorted(allowed_names)} on {target.name}", dst.dtype.name,
+             f"dst has dtype {dst.dtype.name}")
+
+
+def psum_bank(op, role, t, target, banks: int):
+    """A matmul / transpose output stays inside `banks` 2 KiB PSUM banks of each partition.
+
+    PSUM allocations are taken to start on a bank boundary.
+    """
+    data = t.data
+    storage = t.alloc.storage
+    itemsize = t.dtype.itemsize
+    partition_elems = storage.stride(0) if storage.dim() > 1 else 1
+    first = data.storage_offset() % partition_elems if data.storage_offset() else 0
+    last = first + sum((s - 1) * st for s, st in zip(data.shape[1:], data.stride()[1:]))
+    bank = target.psum_bank_bytes * banks
+    first_byte, last_byte = first * itemsize, (last + 1) * itemsize - 1
+    if first_byte // bank != last_byte // bank:
+        span = last_byte - first_byte + 1
+        where = "one 2 KiB PSUM bank" if banks == 1 else f"{banks} PSUM banks ({bank} B)"
+        fail(op, f"PSUM tile within {where} per partition", span,
+             f"{role} spans bytes {first_byte}..{last_byte} of each partition, crossing a bank boundary "
+             f"({span} B; nl.tile_size.psum_fmax = 512 fp32)")
+
+
+def reduce_axes(op, axes, ndim):
+    """tensor_reduce / nl reductions: trailing contiguous free axes only, never axis 0."""
+    norm = sorted(a + ndim if a < 0 else a for a in axes)
+    if not norm or norm[0] < 1 or norm != list(range(norm[0], ndim)):
+        fail(op, "reduce over trailing contiguous free axes, never axis 0", tuple(axes),
+             f"axis={tuple(axes)} for a {ndim}-d tile")
+    return norm
+
+
+def accumulate_into_written(op, fully_written: bool):
+    if not fully_written:
+        fail(op, "accumulate=True needs previously written PSUM", "accumulate=True",
+             "accumulate=True adds into PSUM that no instruction has written (undefined on the hardware)")
+
+
+def memset_value(op, value, dtype):
+    if dtype.kind == "int" and isinstance(value, float) and not value.is_integer():
+        fail(op, "memset value type matches dst dtype", value, f"value {value} does not fit integer dtype {dtype.name}")
+
+
+def element_count(op, dst_n, src_n):
+    if dst_n != src_n:
+        fail(op, "dst and src hold the same number of elements", (dst_n, src_n),
+             f"dst has {dst_n} elements but src has {src_n}")
+
+
+def dma_dtypes(op, dst, src, dge_mode_name):
+    if dge_mode_name == "hwdge" and dst.dtype is not src.dtype:
+        fail(op, "hardware DGE copies need equal dtypes", (dst.dtype.name, src.dtype.name),
+             f"hwdge cannot cast {src.dtype.name} to {dst.dtype.name}")
+
+
+def two_byte_dtype(op, role, t):
+    if t.dtype.itemsize != 2:
+        fail(op, "dma_transpose moves 2-byte dtypes", t.dtype.name, f"{role} has dtype {t.dtype.name}")
+
+
+def same_dtype(op, role_a, a, role_b, b):
+    if a.dtype is not b.dtype:
+        fail(op, f"{role_a} and {role_b} have the same dtype", (a.dtype.name, b.dtype.name),
+             f"{role_a} is {a.dtype.name} but {role_b} is {b.dtype.name}")
+
+
+def transpose_limit(op, engine, p, f):
+    limit = PMAX if engine == "tensor" else TRANSPOSE_VECTOR_MAX
+    if p > limit or f > limit:
+        fail(op, f"transpose on {engine} engine <= [{limit}, {limit}]", (p, f),
+             f"data [{p}, {f}] exceeds the [{limit}, {limit}] {engine}-engine transpose")
+
+
+def bn_stats_size(op, n):
+    if n > BN_STATS_FMAX:
+        fail(op, f"bn_stats free size <= {BN_STATS_FMAX}", n, f"data has {n} elements per partition")
+
+
+def reshape_keeps_partitions(old, new):
+    if old != new:
+        fail("NkiTensor.reshape", "on-chip reshape keeps the partition dim", (old, new),
+             f"partition dim {old} would become {new}")
+
+
+def kernel_output(t):
+    if t.buffer.name != "shared_hbm":
+        fail("nki.jit", "kernel outputs are nl.shared_hbm tensors", t.buffer.name,
+             f"the kernel returned a tensor in {t.buffer.name}")
+
+
+def capacity(pool, nbytes, what):
+    live = pool.live + nbytes
+    if live > pool.capacity:
+        name = pool.buffer_name.upper()
+        raise NkiCapacityError(
+            "nl.ndarray", f"live {name} bytes per partition <= {pool.capacity} on {pool.target_name}", live,
+            f"allocating {what} ({nbytes} B/partition) brings live {name} to {live} B/partition, "
+            f"over the {pool.capacity} B/partition available on {pool.target_name}")

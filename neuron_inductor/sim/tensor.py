@@ -1,0 +1,268 @@
+"""NkiTensor: a typed, buffer-tagged view of torch storage.
+
+An NkiTensor is `data` (a torch view of an allocation's storage, in the storage dtype),
+the NKI `dtype`, the `buffer` it lives in and the `alloc` it views. Slices, `nl.ds`,
+integer indices, `reshape` and `view(dtype)` make new NkiTensors over the same storage,
+so writes through any view land in the allocation. Kernel arguments are wrapped the same
+way around the caller's torch tensor (strided, expanded or permuted views included),
+without a copy: reads go through the view and writes land in the caller's memory.
+
+On-chip tiles keep dim 0 as the partition dim: an integer index there keeps a size-1
+dim (the NKI 0.6 rule; generators should emit slices anyway), and partition slices take
+step 1. Out-of-range slices raise instead of clamping.
+
+PSUM allocations also track which elements have been written, for nc_matmul's
+accumulate rules: a flag for "none" / "all" and a bool mask only while partially written.
+"""
+
+from __future__ import annotations
+
+import operator
+
+import torch
+
+from . import dtypes, rules
+from .errors import NkiError, NkiIndexError
+
+
+class Buffer:
+    """A memory kind: `nl.sbuf`, `nl.psum`, `nl.shared_hbm`, `nl.private_hbm` (= `nl.hbm`)."""
+
+    __slots__ = ("name", "on_chip")
+
+    def __init__(self, name: str, on_chip: bool):
+        self.name = name
+        self.on_chip = on_chip
+
+    def __repr__(self):
+        return f"nl.{self.name}"
+
+
+sbuf = Buffer("sbuf", True)
+psum = Buffer("psum", True)
+shared_hbm = Buffer("shared_hbm", False)
+private_hbm = Buffer("private_hbm", False)
+
+UNWRITTEN, PARTLY_WRITTEN, WRITTEN = 0, 1, 2
+
+
+class Allocation:
+    """One piece of storage; gives its bytes back to its pool when garbage-collected."""
+
+    __slots__ = ("storage", "pool", "nbytes", "written", "mask", "readonly", "__weakref__")
+
+    def __init__(self, storage: torch.Tensor, pool=None, nbytes: int = 0, readonly: bool = False):
+        self.storage = storage
+        self.pool = pool
+        self.nbytes = nbytes
+        self.written = UNWRITTEN
+        self.mask = None
+        self.readonly = readonly
+
+    def __del__(self):
+        if self.pool is not None:
+            self.pool.release(self.nbytes)
+
+
+class DynSlice:
+    """`nl.ds(start, size)`: the slice [start, start + size)."""
+
+    __slots__ = ("start", "size")
+
+    def __init__(self, start, size):
+        self.start = operator.index(start)
+        self.size = operator.index(size)
+
+    def __repr__(self):
+        return f"nl.ds({self.start}, {self.size})"
+
+
+def ds(start, size) -> DynSlice:
+    return DynSlice(start, size)
+
+
+class NkiTensor:
+    __slots__ = ("data", "dtype", "buffer", "alloc", "name")
+
+    def __init__(self, data: torch.Tensor, dtype: dtypes.NkiDtype, buffer: Buffer, alloc: Allocation, name: str = ""):
+        self.data = data
+        self.dtype = dtype
+        self.buffer = buffer
+        self.alloc = alloc
+        self.name = name
+
+    @property
+    def shape(self) -> tuple:
+        return tuple(self.data.shape)
+
+    @property
+    def ndim(self) -> int:
+        return self.data.dim()
+
+    @property
+    def itemsize(self) -> int:
+        return self.dtype.itemsize
+
+    def __repr__(self):
+        label = f" {self.name!r}" if self.name else ""
+        return f"NkiTensor{label}({list(self.data.shape)}, {self.dtype!r}, buffer={self.buffer!r})"
+
+    def __iter__(self):
+        raise TypeError("NkiTensor is not iterable; index it with slices")
+
+    def __getitem__(self, key) -> NkiTensor:
+        data = self.data
+        index = _normalize_index(key, data.shape, self.buffer.on_chip)
+        return NkiTensor(data[index], self.dtype, self.buffer, self.alloc, self.name)
+
+    def reshape(self, *shape) -> NkiTensor:
+        if len(shape) == 1 and isinstance(shape[0], (tuple, list, torch.Size)):
+            shape = tuple(shape[0])
+        data = self.data
+        shape = tuple(_resolve_reshape(shape, data.numel()))
+        if self.buffer.on_chip:
+            rules.reshape_keeps_partitions(data.shape[0], shape[0])
+        try:
+            view = data.view(shape)
+        except RuntimeError:
+            if self.buffer.on_chip:
+                raise NkiError(f"reshape of tile view {list(data.shape)} to {list(shape)} needs a contiguous view") from None
+            # An HBM argument that torch cannot view (e.g. expanded): read through a copy.
+            copy = data.reshape(shape)
+            return NkiTensor(copy, self.dtype, self.buffer, Allocation(copy, readonly=True), self.name)
+        return NkiTensor(view, self.dtype, self.buffer, self.alloc, self.name)
+
+    def view(self, dtype) -> NkiTensor:
+        """Reinterpret the bytes as `dtype` (the last dim scales by the itemsize ratio)."""
+        new = dtypes.as_dtype(dtype)
+        data = self.data
+        if data.dtype is not self.dtype.storage or new.storage.itemsize != new.itemsize:
+            raise NkiError(f"view({new!r}) of a {self.dtype!r} tile needs real-dtype storage "
+                           f"(unset {dtypes.FP32_STORAGE_ENV}; uint32 has none)")
+        if self.buffer is psum and new.itemsize != self.dtype.itemsize:
+            raise NkiError("dtype views that change the element size are not supported on PSUM tiles")
+        try:
+            view = data.view(new.storage)
+        except RuntimeError as error:
+            raise NkiError(f"view({new!r}) of {list(data.shape)} {self.dtype!r}: {error}") from None
+        if self.buffer.on_chip and data.dim() == 1 and view.shape[0] != data.shape[0]:
+            rules.reshape_keeps_partitions(data.shape[0], view.shape[0])
+        return NkiTensor(view, new, self.buffer, self.alloc, self.name)
+
+    def start_partition(self) -> int:
+        """First partition an on-chip view touches."""
+        data = self.data
+        offset = data.storage_offset()
+        if offset == 0:
+            return 0
+        storage = self.alloc.storage
+        partition_bytes = storage.stride(0) * storage.element_size() if storage.dim() else 1
+        return offset * data.element_size() // partition_bytes
+
+
+def _resolve_reshape(shape, numel):
+    shape = [operator.index(s) for s in shape]
+    if shape.count(-1) == 1:
+        known = 1
+        for s in shape:
+            if s != -1:
+                known *= s
+        shape[shape.index(-1)] = numel // known if known else 0
+    return shape
+
+
+def _normalize_index(key, shape, on_chip: bool) -> tuple:
+    """Torch index for `key` after NKI's checks (bounds, steps, partition-dim rules)."""
+    if type(key) is not tuple:
+        key = (key,)
+    ndim = len(shape)
+    if Ellipsis in key:
+        at = key.index(Ellipsis)
+        key = key[:at] + (slice(None),) * (ndim - len(key) + 1) + key[at + 1:]
+    if len(key) > ndim:
+        raise NkiIndexError(f"too many indices ({len(key)}) for a tensor of shape {list(shape)}")
+    index = []
+    for dim, k in enumerate(key):
+        size = shape[dim]
+        if type(k) is slice:
+            step = 1 if k.step is None else operator.index(k.step)
+            start = 0 if k.start is None else operator.index(k.start)
+            stop = size if k.stop is None else operator.index(k.stop)
+            if start < 0:
+                start += size
+            if stop < 0:
+                stop += size
+            if step <= 0:
+                raise NkiIndexError(f"slice step {step} on dim {dim}: steps must be positive")
+            if step != 1 and on_chip and dim == 0:
+                raise NkiIndexError(f"partition-dim slice with step {step}: partitions are contiguous lanes")
+            if not 0 <= start < stop <= size:
+                raise NkiIndexError(f"slice {start}:{stop} out of range for dim {dim} of size {size}")
+            index.append(slice(start, stop, step))
+        elif type(k) is DynSlice:
+            start, stop = k.start, k.start + k.size
+            if not 0 <= start < stop <= size:
+                raise NkiIndexError(f"nl.ds({k.start}, {k.size}) out of range for dim {dim} of size {size}")
+            index.append(slice(start, stop))
+        else:
+            try:
+                i = operator.index(k)
+            except TypeError:
+                raise NkiIndexError(f"unsupported index {k!r} on dim {dim}") from None
+            if i < 0:
+                i += size
+            if not 0 <= i < size:
+                raise NkiIndexError(f"index {k} out of range for dim {dim} of size {size}")
+            index.append(slice(i, i + 1) if on_chip and dim == 0 else i)
+    return tuple(index)
+
+
+def allocate(shape, dtype: dtypes.NkiDtype, buffer: Buffer, name: str, pool) -> NkiTensor:
+    """A fresh tensor filled like the real simulator's (NaN floats, 4 integers)."""
+    on_chip = buffer.on_chip
+    storage_dtype = dtypes.storage_for(dtype, on_chip)
+    storage = torch.full(shape, dtypes.fill_value(dtype), dtype=storage_dtype)
+    nbytes = 0
+    if pool is not None:
+        free = 1
+        for s in shape[1:]:
+            free *= s
+        nbytes = free * dtype.itemsize
+        pool.reserve(nbytes, f"{name + ' ' if name else ''}{list(shape)} {dtype.name}")
+    return NkiTensor(storage, dtype, buffer, Allocation(storage, pool if nbytes else None, nbytes), name)
+
+
+def wrap_hbm(value: torch.Tensor, name: str = "") -> NkiTensor:
+    """A kernel argument: the caller's tensor itself, tagged as shared HBM."""
+    return NkiTensor(value, dtypes.of_torch(value.dtype), shared_hbm, Allocation(value), name)
+
+
+def written_mask(t: NkiTensor) -> torch.Tensor:
+    data = t.data
+    return t.alloc.mask.as_strided(data.size(), data.stride(), data.storage_offset())
+
+
+def mark_written(t: NkiTensor) -> None:
+    alloc = t.alloc
+    if alloc.written == WRITTEN:
+        return
+    if t.data.numel() == alloc.storage.numel():
+        alloc.written, alloc.mask = WRITTEN, None
+        return
+    if alloc.mask is None:
+        alloc.mask = torch.zeros(alloc.storage.shape, dtype=torch.bool)
+    written_mask(t).fill_(True)
+    alloc.written = PARTLY_WRITTEN
+
+
+def written_state(t: NkiTensor):
+    """(UNWRITTEN | PARTLY_WRITTEN | WRITTEN, mask of the view or None) for a PSUM view."""
+    state = t.alloc.written
+    if state != PARTLY_WRITTEN:
+        return state, None
+    mask = written_mask(t)
+    if bool(mask.all()):
+        return WRITTEN, None
+    if not bool(mask.any()):
+        return UNWRITTEN, None
+    return PARTLY_WRITTEN, mask
