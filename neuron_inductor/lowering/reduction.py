@@ -1,0 +1,358 @@
+"""Reductions (family `reduction`) and inclusive scans (family `cumsum`).
+
+sum / mean / amax / amin / prod / any / all / var / var_mean reduce over any set of dims;
+max.dim / min.dim / argmax / argmin over one dim (values and/or int64 indices of the first
+extremum, PyTorch's rule); cumsum along one dim.
+
+Tiling (`plan_dims`). Kernels index their HBM input by its logical shape only (it may be a
+strided host view), so dims are never reordered or merged: every tile is a rectangular box of
+the input whose row-major order is the row-major order of the [rows, cols] SBUF tile. Runs of
+adjacent dims of the same kind (reduced / kept, size-1 dims ignored) form groups. The last group
+gives the free axis of the tiles, the group before it the partition axis; every other dim is
+walked one index at a time. That yields three layouts:
+
+- "free":      kept rows on partitions, reduced elements on the free axis -> `tensor_reduce`
+               (e.g. mean over the last dim for RMSNorm);
+- "partition": reduced rows on partitions, kept elements on the free axis (e.g. the bias grad
+               `sum(dim=0)` of a [4096, 64] tensor) -> sums are a TensorE matmul with a ones
+               vector accumulating over row tiles in PSUM; other ops fold row tiles elementwise
+               and finish with one TensorE transpose and a free-axis reduce;
+- "full":      everything is reduced: free-axis reduce per tile, fold, transpose, reduce.
+
+Inside a group, tiles are boxes: the innermost dims whole, one dim cut into chunks, the outer
+ones walked by index (`_box`). Arithmetic happens in fp32 (bf16 / integer inputs included);
+integer sums are exact below 2**24.
+"""
+
+from __future__ import annotations
+
+import operator
+from dataclasses import asdict, dataclass
+
+import torch
+import torch.fx as fx
+
+from .ir import KernelSpec, Unsupported
+from .registry import register_lowering
+
+aten = torch.ops.aten
+
+PMAX = 128  # partitions
+PSUM_FMAX = 512  # fp32 elements of one PSUM bank per partition
+FREE_MAX = 8192  # elements per partition of a free-axis tile (32 KiB of fp32)
+EXACT_INT_LIMIT = 2**24  # fp32 represents every integer below this; indices must stay below it
+
+
+@dataclass(frozen=True)
+class Dim:
+    """How a kernel walks one input dim: in chunks of `chunk` elements on `axis`.
+
+    axis "p" / "f": the dim lies on the partition / free axis of the tiles (chunk > 1);
+    axis "loop": walked one index at a time (chunk 1) or of extent 1.
+    """
+
+    index: int
+    extent: int
+    reduced: bool
+    axis: str
+    chunk: int
+
+    @property
+    def walked(self) -> bool:
+        """The kernel loops over this dim (it does not fit one tile)."""
+        return self.chunk < self.extent
+
+    def as_param(self) -> dict:
+        return {**asdict(self), "walked": self.walked}
+
+
+def _box(dims: list[int], shape, limit: int) -> dict[int, int]:
+    """Chunk per dim of a group so that one tile covers at most `limit` elements."""
+    chunks = {}
+    inner = 1
+    position = len(dims) - 1
+    while position >= 0 and inner * shape[dims[position]] <= limit:
+        chunks[dims[position]] = shape[dims[position]]
+        inner *= shape[dims[position]]
+        position -= 1
+    if position >= 0:
+        chunks[dims[position]] = limit // inner
+        position -= 1
+    for d in dims[: position + 1]:
+        chunks[d] = 1
+    return chunks
+
+
+def _groups(shape, reduced: set[int]) -> list[list[int]]:
+    groups: list[list[int]] = []
+    for d, extent in enumerate(shape):
+        if extent == 1:
+            continue
+        if groups and (groups[-1][-1] in reduced) == (d in reduced):
+            groups[-1].append(d)
+        else:
+            groups.append([d])
+    return groups
+
+
+def plan_dims(shape, reduced: set[int], free_limit) -> tuple[str, list[Dim]]:
+    """The layout ("free" / "partition" / "full") and how each dim is walked.
+
+    `free_limit(layout)` gives the largest free-axis tile for that layout.
+    """
+    shape = [int(s) for s in shape]
+    groups = _groups(shape, reduced)
+    if not groups or not any(d in reduced for g in groups for d in g):
+        layout, p_group, f_group = "free", (groups[-1] if groups else []), []
+    elif len(groups) == 1:
+        group = groups[0]
+        split = len(group) - 1
+        while split > 0 and _prod(shape[d] for d in group[split - 1:]) <= FREE_MAX:
+            split -= 1
+        p_group, f_group = group[:split], group[split:]
+        # with nothing on the partitions a single row of tiles is a plain free-axis reduction
+        layout = "full" if p_group else "free"
+    else:
+        f_group, p_group = groups[-1], groups[-2]
+        layout = "free" if f_group[0] in reduced else "partition"
+    chunks = {d: 1 for d in range(len(shape))}
+    chunks.update(_box(p_group, shape, PMAX))
+    chunks.update(_box(f_group, shape, free_limit(layout)))
+    dims = []
+    for d, extent in enumerate(shape):
+        chunk = min(chunks[d], extent)
+        if chunk > 1:
+            axis = "p" if d in p_group else "f"
+        else:
+            axis = "loop"
+        dims.append(Dim(d, extent, d in reduced, axis, chunk))
+    return layout, dims
+
+
+def _prod(values) -> int:
+    out = 1
+    for v in values:
+        out *= v
+    return out
+
+
+# ---- argument helpers -------------------------------------------------------------------------
+
+def arg(node: fx.Node, position: int, name: str, default=None):
+    """An argument of an ATen call given positionally or by keyword."""
+    if len(node.args) > position:
+        return node.args[position]
+    return node.kwargs.get(name, default)
+
+
+def val(value) -> torch.Tensor:
+    return value.meta["val"] if isinstance(value, fx.Node) else value
+
+
+def result_values(node: fx.Node, count: int) -> list:
+    """The `count` results of a multi-output op: its getitem users, or the value metadata."""
+    results: list = list(val(node)[:count])
+    for user in node.users:
+        if user.target is operator.getitem and user.args[1] < count:
+            results[user.args[1]] = user
+    return results
+
+
+def normalize_dims(dims, rank: int) -> set[int]:
+    """Reduced dims as a set of non-negative ints; None or [] means every dim."""
+    if dims is None:
+        return set(range(rank))
+    if isinstance(dims, int):
+        dims = [dims]
+    if len(dims) == 0:
+        return set(range(rank))
+    return {d % max(rank, 1) for d in dims}
+
+
+# ---- reductions ---------------------------------------------------------------------------------
+
+# combine op of each reduction kind (tensor_reduce and tensor_tensor take the same ALU op)
+COMBINE = {
+    "sum": "nl.add", "mean": "nl.add", "var": "nl.add", "prod": "nl.multiply",
+    "max": "nl.maximum", "min": "nl.minimum", "any": "nl.maximum", "all": "nl.minimum",
+    "argmax": "nl.maximum", "argmin": "nl.minimum",
+}
+
+
+# what each kernel output holds, by (kind, number of outputs); default: the reduced value
+RESULTS = {
+    ("argmax", 1): ["index"], ("argmin", 1): ["index"],
+    ("argmax", 2): ["value", "index"], ("argmin", 2): ["value", "index"],
+    ("var", 2): ["value", "mean"],
+}
+
+
+def _free_limit(kind: str):
+    def limit(layout: str) -> int:
+        if layout != "partition":
+            return FREE_MAX
+        # sums accumulate one PSUM bank; other ops transpose [rows, cols] tiles on TensorE
+        return PSUM_FMAX if kind in ("sum", "mean") else PMAX
+    return limit
+
+
+def reduction_spec(node: fx.Node, kind: str, reduced: set[int], keepdim: bool, outputs: list,
+                   correction: float = 0.0) -> KernelSpec:
+    x = val(node.args[0])
+    shape = tuple(int(s) for s in x.shape)
+    if x.dtype in (torch.float64, torch.complex64, torch.complex128):
+        raise Unsupported(f"dtype {x.dtype} has no on-chip equivalent")
+    if x.numel() == 0:
+        raise Unsupported("reduction of an empty tensor")
+    layout, dims = plan_dims(shape, reduced, _free_limit(kind))
+    count = _prod(shape[d] for d in reduced)
+    if kind in ("argmax", "argmin"):
+        nonunit = [d for d in reduced if shape[d] > 1]
+        if len(nonunit) > 1:
+            raise Unsupported("arg-reductions over several dims of a multi-dim tensor (flattened index)")
+        if count >= EXACT_INT_LIMIT:
+            raise Unsupported(f"indices up to {count} are not exact in fp32")
+    if kind == "var" and layout != "free":
+        raise Unsupported("variance is computed two-pass over free-axis tiles; reduced dims must be trailing")
+    scale = None
+    if kind == "mean":
+        scale = 1.0 / count
+    elif kind == "var":
+        if count - correction <= 0:
+            raise Unsupported(f"variance of {count} elements with correction {correction} divides by <= 0")
+        scale = 1.0 / (count - correction)
+    index_dim = next((d.index for d in dims if d.reduced and d.extent > 1), None)
+    params = {
+        "layout": layout,
+        "kind": kind,
+        "combine": COMBINE[kind],
+        "dims": [d.as_param() for d in dims],
+        "keepdim": keepdim,
+        "scale": scale,
+        "mean_scale": 1.0 / count,
+        "results": RESULTS.get((kind, len(outputs)), ["value"]),
+        "index_dim": index_dim,
+        "is_int_input": not x.dtype.is_floating_point,
+    }
+    return KernelSpec("reduction", params, [node.args[0]], outputs, flops=x.numel())
+
+
+def _dtype_check(node: fx.Node, dtype) -> None:
+    if dtype is not None and dtype != val(node).dtype:
+        raise Unsupported(f"dtype={dtype} differs from the result dtype")
+
+
+@register_lowering(aten.sum.dim_IntList, aten.sum.default, aten.mean.dim, aten.mean.default)
+def lower_sum(node: fx.Node) -> KernelSpec:
+    x = val(node.args[0])
+    kind = "mean" if node.target in (aten.mean.dim, aten.mean.default) else "sum"
+    if node.target in (aten.sum.default, aten.mean.default):
+        reduced, keepdim = set(range(x.dim())), False
+    else:
+        reduced = normalize_dims(arg(node, 1, "dim"), x.dim())
+        keepdim = bool(arg(node, 2, "keepdim", False))
+    if x.dtype == torch.float64 or val(node).dtype == torch.float64:
+        raise Unsupported("float64")
+    return reduction_spec(node, kind, reduced, keepdim, [node])
+
+
+@register_lowering(aten.amax.default, aten.amin.default)
+def lower_amax(node: fx.Node) -> KernelSpec:
+    x = val(node.args[0])
+    reduced = normalize_dims(arg(node, 1, "dim", []), x.dim())
+    kind = "max" if node.target is aten.amax.default else "min"
+    return reduction_spec(node, kind, reduced, bool(arg(node, 2, "keepdim", False)), [node])
+
+
+@register_lowering(aten.max.default, aten.min.default)
+def lower_max_all(node: fx.Node) -> KernelSpec:
+    x = val(node.args[0])
+    kind = "max" if node.target is aten.max.default else "min"
+    return reduction_spec(node, kind, set(range(x.dim())), False, [node])
+
+
+@register_lowering(aten.prod.dim_int, aten.prod.default)
+def lower_prod(node: fx.Node) -> KernelSpec:
+    x = val(node.args[0])
+    if node.target is aten.prod.default:
+        reduced, keepdim = set(range(x.dim())), False
+    else:
+        reduced, keepdim = normalize_dims(arg(node, 1, "dim"), x.dim()), bool(arg(node, 2, "keepdim", False))
+    if not val(node).dtype.is_floating_point:
+        raise Unsupported("integer products overflow fp32 exactness")
+    return reduction_spec(node, "prod", reduced, keepdim, [node])
+
+
+@register_lowering(aten.any.dim, aten.any.dims, aten.any.default, aten.all.dim, aten.all.dims, aten.all.default)
+def lower_any_all(node: fx.Node) -> KernelSpec:
+    x = val(node.args[0])
+    kind = "any" if node.target in (aten.any.dim, aten.any.dims, aten.any.default) else "all"
+    if node.target in (aten.any.default, aten.all.default):
+        reduced, keepdim = set(range(x.dim())), False
+    else:
+        reduced, keepdim = normalize_dims(arg(node, 1, "dim"), x.dim()), bool(arg(node, 2, "keepdim", False))
+    if x.dtype != torch.bool:
+        raise Unsupported("any/all of a non-bool tensor (decompositions compare to zero first)")
+    return reduction_spec(node, kind, reduced, keepdim, [node])
+
+
+@register_lowering(aten.max.dim, aten.min.dim)
+def lower_max_dim(node: fx.Node) -> KernelSpec:
+    x = val(node.args[0])
+    kind = "argmax" if node.target is aten.max.dim else "argmin"
+    reduced = normalize_dims(arg(node, 1, "dim"), x.dim())
+    return reduction_spec(node, kind, reduced, bool(arg(node, 2, "keepdim", False)), result_values(node, 2))
+
+
+@register_lowering(aten.argmax.default, aten.argmin.default)
+def lower_argmax(node: fx.Node) -> KernelSpec:
+    x = val(node.args[0])
+    kind = "argmax" if node.target is aten.argmax.default else "argmin"
+    dim = arg(node, 1, "dim")
+    keepdim = bool(arg(node, 2, "keepdim", False))
+    if dim is None and x.dim() > 1:
+        raise Unsupported("argmax/argmin over a flattened multi-dim tensor")
+    return reduction_spec(node, kind, normalize_dims(dim, x.dim()), keepdim, [node])
+
+
+@register_lowering(aten.var.correction, aten.var_mean.correction)
+def lower_var(node: fx.Node) -> KernelSpec:
+    x = val(node.args[0])
+    if not x.dtype.is_floating_point:
+        raise Unsupported("variance of an integer tensor")
+    reduced = normalize_dims(arg(node, 1, "dim"), x.dim())
+    correction = node.kwargs.get("correction")
+    correction = 1.0 if correction is None else float(correction)
+    keepdim = bool(node.kwargs.get("keepdim", False))
+    outputs = result_values(node, 2) if node.target is aten.var_mean.correction else [node]
+    return reduction_spec(node, "var", reduced, keepdim, outputs, correction)
+
+
+# ---- scans ------------------------------------------------------------------------------------------
+
+@register_lowering(aten.cumsum.default)
+def lower_cumsum(node: fx.Node) -> KernelSpec:
+    """Inclusive prefix sum along `dim`, which must be the last non-unit dim (the free axis).
+
+    The scan runs as a Hillis-Steele log-step scan of VectorE adds on free-axis tiles (ping-pong
+    between two tiles, log2(cols) steps), carrying the running total across column chunks.
+    A scan over a leading dim would instead need a triangular-ones matmul on TensorE over
+    partitions; that is not implemented.
+    """
+    x = val(node.args[0])
+    out = val(node)
+    if not out.dtype.is_floating_point and out.dtype not in (torch.int64, torch.int32):
+        raise Unsupported(f"cumsum to {out.dtype}")
+    rank = x.dim()
+    if rank == 0:
+        raise Unsupported("cumsum of a 0-d tensor")
+    dim = int(arg(node, 1, "dim")) % rank
+    shape = [int(s) for s in x.shape]
+    if any(s > 1 for s in shape[dim + 1:]):
+        raise Unsupported("cumsum along a dim that is not the last non-unit dim")
+    if not out.dtype.is_floating_point and x.numel() and shape[dim] >= EXACT_INT_LIMIT:
+        raise Unsupported("integer prefix sums above 2**24 are not exact in fp32")
+    # the scanned dim plays the role of a reduced dim: trailing, so it lands on the free axis
+    _, dims = plan_dims(shape, {dim}, lambda layout: FREE_MAX)
+    params = {"dims": [d.as_param() for d in dims], "scan_dim": dim}
+    return KernelSpec("cumsum", params, [node.args[0]], [node], flops=x.numel())

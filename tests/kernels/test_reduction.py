@@ -1,0 +1,217 @@
+"""Reduction and cumsum kernels, run in the NKI interpreter against eager PyTorch.
+
+Each case traces a function with make_fx and the Neuron decomposition table, lowers the one node
+under test, renders and loads its kernel, feeds it the graph's own values (views included, so
+strided inputs are exercised) and compares with eager. fp32 tolerances are rtol 1e-5 scaled to the
+magnitudes; bf16 results are compared with an fp32-accumulated reference rounded to bf16, within
+2e-2 relative (one or two bf16 ulps).
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from torch.fx.experimental.proxy_tensor import make_fx
+
+from neuron_inductor import sim
+from neuron_inductor.codegen.render import render_kernel
+from neuron_inductor.decompositions import neuron_decompositions
+from neuron_inductor.lowering.ir import Unsupported
+from neuron_inductor.lowering.registry import LOWERINGS, load_lowerings
+
+aten = torch.ops.aten
+load_lowerings()
+
+
+def graph_values(gm: torch.fx.GraphModule, args) -> dict:
+    """Every node's eager value (the reference, and the kernel's inputs)."""
+    env: dict = {}
+
+    class Recorder(torch.fx.Interpreter):
+        def run_node(self, node):
+            env[node] = super().run_node(node)
+            return env[node]
+
+    Recorder(gm).run(*args)
+    return env
+
+
+def run_lowered(fn, args, target):
+    """Lower the last `target` node of fn's ATen graph, run its kernel; (kernel results, eager values)."""
+    gm = make_fx(fn, decomposition_table=neuron_decompositions())(*args)
+    node = [n for n in gm.graph.nodes if n.target is target][-1]
+    spec = LOWERINGS[target](node)
+    spec.name = f"k0_{spec.family}"
+    kernel = sim.load_kernels(render_kernel(spec), f"<{spec.name}>")[spec.name]
+    env = graph_values(gm, args)
+    inputs = [env[n] for n in spec.inputs]
+    returned = kernel(*inputs)
+    if not isinstance(returned, tuple):
+        returned = () if returned is None else (returned,)
+    expected = [env[o] if isinstance(o, torch.fx.Node) else None for o in spec.outputs]
+    return list(returned), expected, inputs
+
+
+def assert_close(actual, expected, *, bf16_tol=2e-2, fp32_rtol=1e-5):
+    assert actual.shape == expected.shape, (actual.shape, expected.shape)
+    assert actual.dtype == expected.dtype, (actual.dtype, expected.dtype)
+    if not expected.dtype.is_floating_point:
+        assert torch.equal(actual, expected)
+        return
+    scale = expected.float().abs().max().item() if expected.numel() else 1.0
+    tol = bf16_tol if expected.dtype == torch.bfloat16 else fp32_rtol
+    torch.testing.assert_close(actual.float(), expected.float(), rtol=tol, atol=tol * max(scale, 1.0))
+
+
+SHAPES = [(300,), (128, 64), (257, 3), (5, 130, 7), (2, 3, 129, 5)]
+
+
+def dim_sets(rank):
+    for r in range(1, rank + 1):
+        yield from itertools.combinations(range(rank), r)
+
+
+SUM_CASES = [(shape, dims, keepdim) for shape in SHAPES for dims in dim_sets(len(shape)) for keepdim in (False, True)]
+
+
+@pytest.mark.parametrize("shape,dims,keepdim", SUM_CASES, ids=str)
+def test_sum_every_dim_set_fp32(shape, dims, keepdim):
+    x = torch.randn(shape)
+    (out,), (ref,), _ = run_lowered(lambda t: t.sum(dims, keepdim=keepdim), [x], aten.sum.dim_IntList)
+    assert_close(out, ref)
+
+
+@pytest.mark.parametrize("shape,dims", [((300, 70), (0,)), ((4, 130, 9), (1,)), ((4, 130, 9), (0, 2)),
+                                        ((3, 9000), (1,)), ((6, 5, 4), (0, 1, 2))], ids=str)
+def test_sum_bf16_accumulates_in_fp32(shape, dims):
+    x = torch.randn(shape).bfloat16() + 3.0  # a large mean makes bf16 accumulation visibly wrong
+    (out,), _, _ = run_lowered(lambda t: t.sum(dims), [x], aten.sum.dim_IntList)
+    reference = x.float().sum(dims).bfloat16()
+    assert_close(out, reference)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("shape,dims,keepdim", [((260, 64), (-1,), True), ((2, 130, 64), (0, 1), False),
+                                                ((5, 7, 3), (1,), False), ((1000,), (0,), False)], ids=str)
+def test_mean(shape, dims, keepdim, dtype):
+    x = torch.randn(shape, dtype=dtype)
+    (out,), _, _ = run_lowered(lambda t: t.mean(dims, keepdim=keepdim), [x], aten.mean.dim)
+    assert_close(out, x.float().mean(dims, keepdim=keepdim).to(dtype))
+
+
+def test_sum_of_a_permuted_view_and_of_bools():
+    x = torch.randn(6, 200, 5)
+    (out,), (ref,), inputs = run_lowered(lambda t: t.permute(2, 0, 1).sum((0, 2)), [x], aten.sum.dim_IntList)
+    assert not inputs[0].is_contiguous()
+    assert_close(out, ref)
+    mask = torch.rand(4, 300) > 0.3
+    (count,), (expected,), _ = run_lowered(lambda m: m.sum(), [mask], aten.sum.dim_IntList)
+    assert count.dtype == torch.int64 and torch.equal(count, expected)
+
+
+def test_sum_with_dtype_upcasts_bf16():
+    x = torch.randn(130, 40).bfloat16()
+    (out,), (ref,), _ = run_lowered(lambda t: t.sum(0, dtype=torch.float32), [x], aten.sum.dim_IntList)
+    assert_close(out, ref)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(shape=st.lists(st.integers(1, 140), min_size=1, max_size=4).filter(lambda s: torch.Size(s).numel() <= 40000),
+       data=st.data(), op=st.sampled_from(["sum", "amax", "amin", "prod", "mean"]),
+       keepdim=st.booleans(), dtype=st.sampled_from([torch.float32, torch.bfloat16]))
+def test_reductions_property(shape, data, op, keepdim, dtype):
+    dims = tuple(sorted(data.draw(st.sets(st.integers(0, len(shape) - 1), min_size=1))))
+    x = torch.randn(shape, dtype=dtype)
+    if op == "prod":
+        x = (x.float().sign() * (1 + 0.01 * x.float().abs().clamp(max=3))).to(dtype)  # products stay O(1)
+    fn = {
+        "sum": lambda t: t.sum(dims, keepdim=keepdim), "mean": lambda t: t.mean(dims, keepdim=keepdim),
+        "amax": lambda t: t.amax(dims, keepdim=keepdim), "amin": lambda t: t.amin(dims, keepdim=keepdim),
+        "prod": lambda t: t.prod(dims[0], keepdim=keepdim),
+    }[op]
+    target = {"sum": aten.sum.dim_IntList, "mean": aten.mean.dim, "amax": aten.amax.default,
+              "amin": aten.amin.default, "prod": aten.prod.dim_int}[op]
+    (out,), _, _ = run_lowered(fn, [x], target)
+    assert_close(out, fn(x.float()).to(dtype))
+
+
+@pytest.mark.parametrize("fn,target", [
+    (lambda t: t.amax((0, 2)), aten.amax.default), (lambda t: t.amin(-1, keepdim=True), aten.amin.default),
+    (lambda t: t.max(), aten.max.default), (lambda t: t.min(), aten.min.default),
+])
+def test_max_min(fn, target):
+    x = torch.randn(3, 140, 70)
+    (out,), (ref,), _ = run_lowered(fn, [x], target)
+    assert torch.equal(out, ref)
+
+
+@pytest.mark.parametrize("op", ["any", "all"])
+@pytest.mark.parametrize("dims", [(1,), (0,), (0, 1), None])
+def test_any_all(op, dims):
+    x = torch.rand(130, 70) > 0.02
+    x[5] = True
+    x[7] = False
+    fn = (lambda t: getattr(t, op)()) if dims is None else (lambda t: getattr(t, op)(dims))
+    gm = make_fx(fn, decomposition_table=neuron_decompositions())(x)
+    # all() decomposes to not(any(not x)): find the overload the graph really holds
+    target = [n.target for n in gm.graph.nodes if str(n.target).startswith(("aten.any.", "aten.all."))][-1]
+    (out,), (ref,), _ = run_lowered(fn, [x], target)
+    assert out.dtype == torch.bool and torch.equal(out, ref)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("shape,dim", [((7, 300), 1), ((300, 7), 0), ((3, 200, 9), 1), ((5, 9000), -1),
+                                       ((1000,), 0), ((4, 1, 6), 1)], ids=str)
+def test_max_dim_and_argmax_take_the_first_extremum(shape, dim, dtype):
+    x = torch.randint(-3, 4, shape).to(dtype)  # many ties: the first index must win
+    for target, fn in [(aten.max.dim, lambda t: t.max(dim)), (aten.min.dim, lambda t: t.min(dim, keepdim=True))]:
+        (values, indices), (ref_values, ref_indices), _ = run_lowered(fn, [x], target)
+        assert torch.equal(values, ref_values) and torch.equal(indices, ref_indices)
+    for target, fn in [(aten.argmax.default, lambda t: t.argmax(dim)), (aten.argmin.default, lambda t: t.argmin(dim))]:
+        (indices,), (ref_indices,), _ = run_lowered(fn, [x], target)
+        assert torch.equal(indices, ref_indices)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("shape,dims,correction", [((9, 300), (1,), 1), ((130, 9000), (-1,), 0),
+                                                   ((4, 3, 50), (1, 2), 1)], ids=str)
+def test_var_and_var_mean(shape, dims, correction, dtype):
+    x = (torch.randn(shape) * 2 + 10).to(dtype)  # a mean far from zero: one-pass formulas would lose digits
+    (var,), _, _ = run_lowered(lambda t: t.var(dims, correction=correction), [x], aten.var.correction)
+    assert_close(var, x.float().var(dims, correction=correction).to(dtype))
+    (var, mean), _, _ = run_lowered(lambda t: torch.var_mean(t, dims, correction=correction, keepdim=True), [x],
+                                    aten.var_mean.correction)
+    ref_var, ref_mean = torch.var_mean(x.float(), dims, correction=correction, keepdim=True)
+    assert_close(var, ref_var.to(dtype))
+    assert_close(mean, ref_mean.to(dtype))
+
+
+def test_unsupported_cases_raise():
+    gm = make_fx(lambda t: t.var(0), decomposition_table=neuron_decompositions())(torch.randn(300, 4))
+    node = next(n for n in gm.graph.nodes if n.target is aten.var.correction)
+    with pytest.raises(Unsupported, match="trailing"):
+        LOWERINGS[node.target](node)
+    gm = make_fx(lambda t: t.argmax(), decomposition_table=neuron_decompositions())(torch.randn(3, 4))
+    node = next(n for n in gm.graph.nodes if n.target is aten.argmax.default)
+    with pytest.raises(Unsupported, match="flattened"):
+        LOWERINGS[node.target](node)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int64])
+@pytest.mark.parametrize("shape,dim", [((5, 300), 1), ((130, 9000), -1), ((1000,), 0), ((3, 7, 1), 1)], ids=str)
+def test_cumsum(shape, dim, dtype):
+    if dtype == torch.int64:
+        x = (torch.rand(shape) > 0.3).long()  # an attention mask's position ids
+    else:
+        x = torch.randn(shape, dtype=dtype)
+    (out,), (ref,), _ = run_lowered(lambda t: t.cumsum(dim), [x], aten.cumsum.default)
+    if dtype == torch.bfloat16:
+        ref = x.float().cumsum(dim).bfloat16()
+        # a long bf16 prefix sum rounds once per output, against a magnitude of sqrt(n)
+        torch.testing.assert_close(out.float(), ref.float(), rtol=2e-2, atol=2e-2 * ref.float().abs().max().item())
+    else:
+        assert_close(out, ref, fp32_rtol=1e-5 * shape[dim] ** 0.5)
