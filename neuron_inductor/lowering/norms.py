@@ -1,0 +1,234 @@
+"""Lowerings of the row-normalising ops: softmax / log_softmax, layer norm, RMS norm and
+cross-entropy (nll_loss), forward and backward.
+
+All of them reduce every row of a tensor over its trailing dims, so they share one layout: rows
+(the flattened leading dims) go to the 128 partitions and the reduced elements (the flattened
+trailing dims) to the free axis, in column chunks that fit SBUF. The layout is computed here, at
+lowering time: for every row tile and column chunk, the exact HBM slices its DMAs read or write.
+A row tile may straddle leading dims (rows 0..127 of a [2, 65, D] tensor), so it is covered by a
+few "boxes" (per-dim slices of one contiguous run of rows); templates emit one dma_copy per box,
+which works for any shape and for strided / permuted / expanded input views alike.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+
+import torch
+import torch.fx as fx
+
+from .ir import KernelSpec, Unsupported
+from .registry import register_lowering
+
+aten = torch.ops.aten
+
+PARTITIONS = 128
+# Bytes per partition the live tiles of one row tile may take. SBUF has 208 KiB usable per
+# partition on trn2; the rest leaves room for a tile being allocated while its predecessor is live.
+SBUF_BUDGET = 160 * 1024
+# Column chunks start at multiples of this: whole bn_stats groups (512), PSUM blocks (512) and
+# 128-column matmul blocks.
+CHUNK_ALIGN = 512
+# fp32 elements per partition of one PSUM bank.
+PSUM_FREE = 512
+
+
+# --- layout ------------------------------------------------------------------------------------
+
+Box = list[list[int]]  # per-dim [start, stop) of one contiguous run of a flattened range
+
+
+def flat_boxes(shape: tuple[int, ...], start: int, stop: int) -> list[Box]:
+    """Split the row-major flat range [start, stop) of `shape` into boxes, in order.
+
+    Each box is a list of per-dim [start, stop) whose elements, read row-major, are one
+    contiguous run of the flat range; at most 2 * len(shape) - 1 boxes.
+    """
+    if not shape:
+        return [[]] if stop > start else []
+    inner = math.prod(shape[1:])
+    first, first_rem = divmod(start, inner)
+    last, last_rem = divmod(stop, inner)
+    if first == last:
+        return [[[first, first + 1], *box] for box in flat_boxes(shape[1:], first_rem, last_rem)]
+    boxes = []
+    if first_rem:
+        boxes += [[[first, first + 1], *box] for box in flat_boxes(shape[1:], first_rem, inner)]
+        first += 1
+    if last > first:
+        boxes.append([[first, last], *[[0, size] for size in shape[1:]]])
+    if last_rem:
+        boxes += [[[last, last + 1], *box] for box in flat_boxes(shape[1:], 0, last_rem)]
+    return boxes
+
+
+def spans(shape: tuple[int, ...], limit: int, align: int = 1) -> list[dict]:
+    """Cover the flattened `shape` with spans of at most `limit` elements, of balanced lengths
+    that are multiples of `align` (but the last, or when `limit` < `align`).
+
+    A span is {"start", "size", "boxes": [{"at": [a, b], "index": box}]}: `at` is where the box's
+    elements sit inside the span (the partition or free-axis range of the on-chip tile).
+    """
+    total = math.prod(shape)
+    balanced = -(-total // -(-total // limit))
+    size = min(limit, -(-balanced // align) * align) if limit >= align else limit
+    result = []
+    for start in range(0, total, size):
+        stop = min(total, start + size)
+        boxes, at = [], 0
+        for box in flat_boxes(shape, start, stop):
+            length = math.prod(b - a for a, b in box)
+            boxes.append({"at": [at, at + length], "index": box})
+            at += length
+        result.append({"start": start, "size": stop - start, "boxes": boxes})
+    return result
+
+
+def row_layout(shape: tuple[int, ...], reduced_ndim: int, bytes_per_col: int) -> dict:
+    """Template params placing the rows of `shape` on partitions and its last `reduced_ndim`
+    dims on the free axis, in column chunks whose live tiles take `bytes_per_col` bytes per
+    column (per partition) within SBUF_BUDGET."""
+    lead, trail = shape[: len(shape) - reduced_ndim], shape[len(shape) - reduced_ndim:]
+    rows, cols = math.prod(lead), math.prod(trail)
+    if rows == 0 or cols == 0:
+        raise Unsupported("empty tensor")
+    return {
+        "rows": rows,
+        "cols": cols,
+        "row_tiles": spans(lead, PARTITIONS),
+        "col_chunks": spans(trail, max(1, SBUF_BUDGET // bytes_per_col), CHUNK_ALIGN),
+        # Index of the per-row statistics (mean / rstd), which keep the reduced dims with size 1.
+        "stat_index": [[0, 1]] * reduced_ndim,
+    }
+
+
+# --- node helpers ------------------------------------------------------------------------------
+
+def _val(node) -> torch.Tensor:
+    return node.meta["val"]
+
+
+def _shape(node) -> tuple[int, ...]:
+    return tuple(int(s) for s in _val(node).shape)
+
+
+def _outputs(node: fx.Node) -> list:
+    """Outputs of a multi-output op, in order: its getitem users, or the value metadata of an
+    output nobody reads; outputs the op does not produce (None, from an output mask) are left out."""
+    getitems = {user.args[1]: user for user in node.users if user.target is operator.getitem}
+    return [getitems.get(i, val) for i, val in enumerate(_val(node)) if val is not None]
+
+
+def _float_input(node: fx.Node, what: str) -> None:
+    if _val(node).dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        raise Unsupported(f"{what} has dtype {_val(node).dtype}; the kernel handles fp32 / bf16 / fp16")
+
+
+def _reduced_ndim_for_dim(shape: tuple[int, ...], dim: int) -> int:
+    """Number of trailing dims a reduction over `dim` covers: `dim` plus any size-1 dims after it."""
+    dim = dim % max(len(shape), 1)
+    if any(size != 1 for size in shape[dim + 1:]):
+        raise Unsupported(f"reduction over dim {dim} of {list(shape)} is not innermost "
+                          "(the kernel reduces along the free axis)")
+    return len(shape) - dim
+
+
+# --- softmax / log_softmax ---------------------------------------------------------------------
+
+@register_lowering(aten._softmax.default, aten._log_softmax.default)
+def lower_softmax(node: fx.Node) -> KernelSpec:
+    x, dim, _half_to_float = node.args
+    _float_input(x, "input")
+    shape = _shape(x)
+    if not shape:
+        raise Unsupported("0-d input")
+    # Live per column (fp32 worst case): x, its exponentials, y.
+    layout = row_layout(shape, _reduced_ndim_for_dim(shape, dim), 12)
+    return KernelSpec(
+        family="softmax",
+        params={"mode": "forward", "log": node.target is aten._log_softmax.default, **layout},
+        inputs=[x], outputs=[node], flops=5 * math.prod(shape))
+
+
+@register_lowering(aten._softmax_backward_data.default, aten._log_softmax_backward_data.default)
+def lower_softmax_backward(node: fx.Node) -> KernelSpec:
+    grad_output, output, dim, _input_dtype = node.args
+    _float_input(output, "output")
+    shape = _shape(output)
+    if not shape:
+        raise Unsupported("0-d input")
+    # Live per column: dy, y, their product (or exp(y)), dx.
+    layout = row_layout(shape, _reduced_ndim_for_dim(shape, dim), 16)
+    return KernelSpec(
+        family="softmax",
+        params={"mode": "backward", "log": node.target is aten._log_softmax_backward_data.default, **layout},
+        inputs=[grad_output, output], outputs=[node], flops=4 * math.prod(shape))
+
+
+# --- layer norm --------------------------------------------------------------------------------
+
+def _optional_float(node, what: str) -> list[fx.Node]:
+    if node is None:
+        return []
+    _float_input(node, what)
+    return [node]
+
+
+@register_lowering(aten.native_layer_norm.default)
+def lower_layer_norm(node: fx.Node) -> KernelSpec:
+    x, normalized_shape, weight, bias, eps = node.args
+    _float_input(x, "input")
+    shape = _shape(x)
+    # Live per column: x, a temporary, y, and the weight and bias (each a row and its broadcast).
+    layout = row_layout(shape, len(normalized_shape), 28)
+    return KernelSpec(
+        family="layer_norm",
+        params={"mode": "forward", "eps": float(eps), "has_weight": weight is not None,
+                "has_bias": bias is not None, **layout},
+        inputs=[x, *_optional_float(weight, "weight"), *_optional_float(bias, "bias")],
+        outputs=_outputs(node), flops=8 * math.prod(shape))
+
+
+@register_lowering(aten.native_layer_norm_backward.default)
+def lower_layer_norm_backward(node: fx.Node) -> KernelSpec:
+    grad_out, x, normalized_shape, mean, rstd, weight, _bias, _output_mask = node.args
+    _float_input(x, "input")
+    has_dx, has_dw, has_db = (val is not None for val in _val(node))
+    if has_dw and weight is None:
+        raise Unsupported("grad_weight requested without a weight")
+    shape = _shape(x)
+    # Live per column: dy, x, x_hat, g = dy * w, g * x_hat, dy * x_hat, a temporary, dx, and the
+    # weight (a row and its broadcast).
+    layout = row_layout(shape, len(normalized_shape), 40)
+    trail = shape[len(shape) - len(normalized_shape):]
+    # grad_weight / grad_bias: column sums over all rows, accumulated in PSUM with 128 columns per
+    # matmul output block on partitions, one PSUM column per block.
+    col_blocks = spans(trail, PARTITIONS, PARTITIONS)
+    if (has_dw or has_db) and len(col_blocks) > PSUM_FREE:
+        raise Unsupported(f"grad_weight over {layout['cols']} columns exceeds one PSUM bank of block sums")
+    return KernelSpec(
+        family="layer_norm",
+        params={"mode": "backward", "has_weight": weight is not None, "has_dx": has_dx,
+                "has_dw": has_dw, "has_db": has_db, "col_blocks": col_blocks, **layout},
+        inputs=[grad_out, x, mean, rstd, *_optional_float(weight, "weight")],
+        outputs=_outputs(node), flops=12 * math.prod(shape))
+
+
+# --- RMS norm ----------------------------------------------------------------------------------
+
+@register_lowering(aten._fused_rms_norm.default)
+def lower_rms_norm(node: fx.Node) -> KernelSpec:
+    x, normalized_shape, weight, eps = node.args
+    _float_input(x, "input")
+    shape = _shape(x)
+    if eps is None:
+        # ATen computes in fp32 for fp32 / bf16 / fp16 inputs and defaults eps to fp32's epsilon.
+        eps = torch.finfo(torch.float32).eps
+    # Live per column: x, its squares, y, and the weight (a row and its broadcast).
+    layout = row_layout(shape, len(normalized_shape), 20)
+    return KernelSpec(
+        family="rms_norm",
+        params={"eps": float(eps), "has_weight": weight is not None, **layout},
+        inputs=[x, *_optional_float(weight, "weight")],
+        outputs=_outputs(node), flops=4 * math.prod(shape))
