@@ -232,3 +232,44 @@ def lower_rms_norm(node: fx.Node) -> KernelSpec:
         params={"eps": float(eps), "has_weight": weight is not None, **layout},
         inputs=[x, *_optional_float(weight, "weight")],
         outputs=_outputs(node), flops=4 * math.prod(shape))
+
+
+# --- cross-entropy (nll_loss over log-probabilities) -------------------------------------------
+
+REDUCTIONS = ("none", "mean", "sum")  # ATen's reduction enum
+
+
+def _nll_params(x: fx.Node, weight, reduction: int, ignore_index: int, bytes_per_col: int) -> dict:
+    _float_input(x, "input")
+    shape = _shape(x)
+    if len(shape) not in (1, 2):
+        raise Unsupported(f"{len(shape)}-d input (nll_loss takes [C] or [N, C])")
+    return {"reduction": REDUCTIONS[reduction], "ignore_index": int(ignore_index),
+            "has_weight": weight is not None, "batched": len(shape) == 2,
+            **row_layout(shape, 1, bytes_per_col)}
+
+
+@register_lowering(aten.nll_loss_forward.default)
+def lower_nll_loss(node: fx.Node) -> KernelSpec:
+    x, target, weight, reduction, ignore_index = node.args
+    # Live per column: x, the class-index iota, the target penalty, x + penalty, and the weight
+    # (a row, its broadcast and its product with the target mask).
+    params = _nll_params(x, weight, reduction, ignore_index, 32)
+    return KernelSpec(
+        family="cross_entropy", params={"mode": "forward", **params},
+        inputs=[x, target, *_optional_float(weight, "weight")],
+        outputs=_outputs(node), flops=3 * math.prod(_shape(x)))
+
+
+@register_lowering(aten.nll_loss_backward.default)
+def lower_nll_loss_backward(node: fx.Node) -> KernelSpec:
+    grad_output, x, target, weight, reduction, ignore_index, total_weight = node.args
+    # Live per column: the class-index iota, the gradient tile, and the weight (a row, its
+    # broadcast and its product with the target mask).
+    params = _nll_params(x, weight, reduction, ignore_index, 20)
+    # The mean divides by total_weight; the other reductions do not read it.
+    divisor = [total_weight] if params["reduction"] == "mean" else []
+    return KernelSpec(
+        family="cross_entropy", params={"mode": "backward", **params},
+        inputs=[grad_output, target, *divisor, *_optional_float(weight, "weight")],
+        outputs=[node], flops=2 * math.prod(_shape(x)))
