@@ -1,0 +1,262 @@
+"""The calls the pipeline makes into observe/ (one line each in backend.py and runtime.py).
+
+- `on_dynamo_graph(gm, example_inputs, config)`: the backend received a Dynamo graph;
+- `on_graph_runner(runner)`: AOTAutograd produced a forward / backward / inference graph;
+- `on_program_compiled(runner, program, signature, args)`: a bucket was compiled or loaded;
+- `on_run(runner, program, args, execute)`: runs a call; on a program's first call it also
+  captures kernel tensors for the dump, shows progress, verifies against eager and finishes the
+  bucket's report. Later calls cost one dictionary look-up.
+"""
+
+from __future__ import annotations
+
+import time
+import weakref
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+import torch.fx as fx
+
+from .. import __version__
+from ..codegen.render import template_hash
+from . import capture, dump, progress, session, verify
+from .accounting import node_flops
+from .logs import log, log_stage_timings
+from .report import REPORT_FILE, summarize
+
+
+# ---------------------------------------------------------------------------------------------
+# Dynamo and AOTAutograd graphs
+
+
+def _dynamo_frame() -> tuple[str, float | None, str | None]:
+    """(function name, seconds Dynamo has spent on this frame so far, recompile reason) — best effort:
+    these come from Dynamo internals that may change between torch versions."""
+    function, trace_seconds, reason = "graph", None, None
+    tracing = torch._guards.TracingContext.try_get()
+    if tracing is not None and getattr(tracing, "traced_code", None):
+        function = tracing.traced_code[0].co_name
+    try:
+        metrics = torch._dynamo.utils.get_metrics_context()
+        if metrics.in_progress():
+            trace_seconds = (time.time_ns() - metrics._start_time_ns) / 1e9
+            reason = metrics._metrics.get("recompile_reason")
+    except (AttributeError, RuntimeError):
+        pass
+    return function, trace_seconds, reason
+
+
+def on_dynamo_graph(gm: fx.GraphModule, example_inputs: list, config: Any) -> None:
+    function, trace_seconds, reason = _dynamo_frame()
+    compile_id = torch._guards.CompileContext.current_compile_id()
+    graph = session.DynamoGraph(
+        index=len(session.DYNAMO_GRAPHS), function=function,
+        code=gm.print_readable(print_output=False, include_stride=True) if config.dump_dir else "",
+        compile_id=str(compile_id) if compile_id else None, recompile_reason=reason)
+    if trace_seconds is not None:
+        graph.timings["trace"] = trace_seconds
+    session.DYNAMO_GRAPHS.append(graph)
+    recompiles = getattr(compile_id, "frame_compile_id", 0) or 0
+    # The first recompile of a frame is usually Dynamo switching to dynamic shapes; later ones are
+    # the start of a recompile storm (each costs a full compile) and deserve attention.
+    if recompiles:
+        log.log(30 if recompiles >= 2 else 20, "neuron_inductor: recompiling %s (compile %s; recompile %d of this "
+                "frame): %s", function, graph.compile_id, recompiles, reason or "reason unknown")
+    log.debug("neuron_inductor: graph %d (%s, compile %s): Dynamo captured %d nodes in %s", graph.index, function,
+              graph.compile_id, len(gm.graph.nodes),
+              f"{trace_seconds:.3f}s" if trace_seconds is not None else "unknown time")
+
+
+def on_graph_runner(runner: Any) -> None:
+    dynamo = session.current_dynamo_graph()
+    seconds = dynamo.seconds_since_last_mark() if dynamo else None
+    aot = session.AotGraph(dynamo, runner.kind, runner.graph_hash, seconds)
+    session.AOT_GRAPHS[runner] = aot
+    if seconds is not None:
+        log.debug("neuron_inductor: %s: AOTAutograd traced, decomposed and partitioned it in %.3fs "
+                  "(decompose stage)", aot.label, seconds)
+
+
+def _aot_graph(runner: Any) -> session.AotGraph:
+    aot = session.AOT_GRAPHS.get(runner)
+    if aot is None:  # a runner built outside the backend (tests, tools)
+        aot = session.AOT_GRAPHS[runner] = session.AotGraph(None, runner.kind, runner.graph_hash, None)
+    return aot
+
+
+# ---------------------------------------------------------------------------------------------
+# Compiled buckets
+
+
+def _padding(program: Any, args: list) -> dict[str, float] | None:
+    """Elements of the compiled (bucket) input shapes that the real inputs do not fill."""
+    static_gm = getattr(program, "static_gm", None)
+    if static_gm is None:
+        return None
+    placeholders = [n.meta.get("val") for n in static_gm.graph.nodes if n.op == "placeholder"]
+    real = padded = 0
+    for arg, compiled in zip(args, placeholders):
+        if isinstance(arg, torch.Tensor) and isinstance(compiled, torch.Tensor):
+            real += arg.numel()
+            padded += compiled.numel()
+    return {"real_elements": real, "padded_elements": padded,
+            "fraction": (padded - real) / padded if padded else 0.0}
+
+
+def _fallback_flops(program: Any) -> list[int]:
+    meta_fallbacks = program.artifact.meta["fallbacks"]
+    if all("flops" in f for f in meta_fallbacks):
+        return [int(f["flops"]) for f in meta_fallbacks]
+    lowered = getattr(program, "lowered", None)
+    if lowered is None:
+        return [0] * len(meta_fallbacks)
+    return [node_flops(step.node) for step in lowered.fallbacks]
+
+
+def _cache_key(runner: Any, signature: Any, program: Any) -> dict[str, Any]:
+    families = sorted({k["family"] for k in program.artifact.meta["kernels"]})
+    return {
+        "graph_hash": runner.graph_hash,
+        "kind": runner.kind,
+        "signature": repr(signature),
+        "config_hash": runner.config.cache_hash(),
+        "templates": {family: template_hash(family) for family in families},
+        "neuron_inductor": __version__,
+        "torch": torch.__version__,
+    }
+
+
+# The bucket of each program that has not had its first call yet (weak: dropped programs vanish).
+_PENDING: "weakref.WeakKeyDictionary[Any, session.CompiledBucket]" = weakref.WeakKeyDictionary()
+
+
+def on_program_compiled(runner: Any, program: Any, signature: Any, args: list) -> None:
+    """`args` are the call's real (unpadded) inputs."""
+    aot = _aot_graph(runner)
+    artifact = program.artifact
+    bucket = session.CompiledBucket(
+        aot=aot, index=len(aot.buckets), signature=repr(signature), artifact=artifact,
+        fallback_flops=_fallback_flops(program), padding=_padding(program, args))
+    aot.buckets.append(bucket)
+    session.BUCKETS.append(bucket)
+    meta = artifact.meta
+    log.info("neuron_inductor: %s compiled: %d kernel(s), %d fallback(s), %d view(s) in %.3fs", bucket.label,
+             len(meta["kernels"]), len(meta["fallbacks"]), meta.get("views", 0), meta.get("compile_seconds", 0.0))
+    log_stage_timings(bucket.label, {**(aot.dynamo.timings if aot.dynamo else {}),
+                                     **({"decompose": aot.decompose_seconds} if aot.decompose_seconds else {}),
+                                     **meta.get("timings", {})})
+    if runner.config.dump_dir:
+        bucket.folder = dump.bucket_folder(bucket, runner.config)
+        dump.write_bucket(
+            bucket.folder, dynamo_code=aot.dynamo.code if aot.dynamo else None, aten_gm=runner.gm,
+            lowered_gm=getattr(program, "static_gm", None), artifact=artifact,
+            bucket_info={"signature": bucket.signature, "real_input_shapes": _shapes(args),
+                         "compiled_input_shapes": _compiled_shapes(program), "padding": bucket.padding,
+                         "bucket_policy": runner.config.buckets},
+            cache_key=_cache_key(runner, signature, program))
+        _write_report(bucket)
+        log.info("neuron_inductor: %s dumped to %s", bucket.label, bucket.folder)
+    _PENDING[program] = bucket
+
+
+def _shapes(args: list) -> list[list[int] | None]:
+    return [list(a.shape) if isinstance(a, torch.Tensor) else None for a in args]
+
+
+def _compiled_shapes(program: Any) -> list[list[int] | None] | None:
+    static_gm = getattr(program, "static_gm", None)
+    if static_gm is None:
+        return None
+    return _shapes([n.meta.get("val") for n in static_gm.graph.nodes if n.op == "placeholder"])
+
+
+def _write_report(bucket: session.CompiledBucket) -> None:
+    dump.write_json(bucket.folder / REPORT_FILE, summarize(bucket))
+
+
+# ---------------------------------------------------------------------------------------------
+# First run
+
+
+class _KernelSaver:
+    """Kernel-call observer: writes each kernel's argument specs (shapes, strides, dtypes of the real
+    call) and, when small enough, its input and output tensors into the dump."""
+
+    def __init__(self, folder: Path, kernels: list[dict[str, Any]]) -> None:
+        self.folder = folder
+        self.described = {k["name"]: k for k in kernels}
+
+    def _write_spec(self, name: str, inputs: list, outputs: list | None) -> None:
+        kernel = self.described[name]
+        dump.write_json(self.folder / "kernels" / f"{name}.json", {
+            "name": name, "family": kernel["family"], "flops": kernel["flops"], "ops": kernel["ops"],
+            "inputs": [dump.tensor_spec(a) for a in inputs if isinstance(a, torch.Tensor)],
+            "outputs": None if outputs is None else [dump.tensor_spec(o) for o in outputs if isinstance(o, torch.Tensor)],
+        })
+
+    def before(self, name: str, position: int, count: int, args: tuple) -> tuple[tuple, tuple | None]:
+        self._write_spec(name, list(args), None)  # written first, so a kernel that fails still has it
+        # Cloned: a kernel may write into an input (in-place outputs); save what it read.
+        return args, (tuple(a.clone() for a in args) if dump.small_enough(args) else None)
+
+    def after(self, name: str, state: tuple[tuple, tuple | None], result: Any) -> None:
+        args, saved_inputs = state
+        outputs = list(result) if isinstance(result, (tuple, list)) else [result]
+        self._write_spec(name, list(args), outputs)
+        if saved_inputs is not None:
+            dump.save_call(self.folder, name, saved_inputs, result)
+
+
+def _producers(program: Any) -> dict[int, str]:
+    """What computed each graph output: 'kernel k3_matmul', 'host fallback aten.i0.default', ..."""
+    lowered, static_gm = getattr(program, "lowered", None), getattr(program, "static_gm", None)
+    if lowered is None or static_gm is None:
+        return {}
+    made_by: dict[fx.Node, str] = {}
+    for spec in lowered.kernels:
+        for out in spec.outputs:
+            if isinstance(out, fx.Node):
+                made_by[out] = f"kernel {spec.name}"
+    for step in lowered.fallbacks:
+        made_by[step.node] = f"host fallback {step.node.target}"
+    output = next(n for n in static_gm.graph.nodes if n.op == "output")
+    producers = {}
+    for position, node in enumerate(output.args[0]):
+        while isinstance(node, fx.Node) and node not in made_by and node.op == "call_function" and node.args:
+            node = node.args[0] if isinstance(node.args[0], fx.Node) else None  # through host views
+        if isinstance(node, fx.Node):
+            producers[position] = made_by.get(node, "a graph input" if node.op == "placeholder" else node.name)
+    return producers
+
+
+def on_run(runner: Any, program: Any, args: list, execute: Callable[[], Any]) -> Any:
+    """`execute()` runs the call (pad, program, slice) on the real inputs `args` and returns the outputs."""
+    bucket = _PENDING.pop(program, None)
+    if bucket is None:
+        return execute()
+    config = runner.config
+    observers: list[capture.KernelCallObserver] = []
+    if bucket.folder is not None:
+        observers.append(_KernelSaver(bucket.folder, bucket.artifact.meta["kernels"]))
+    line = progress.ProgressLine(f"{bucket.label}")
+    observers.append(progress.KernelProgress(line))
+    capture.watch_first_calls(program.kernels, list(program.artifact.kernel_sources), observers)
+    reference = verify.eager_reference(runner.gm, args) if config.verify != "off" else None
+    start = time.perf_counter()
+    try:
+        outputs = execute()
+    finally:
+        line.close()
+    bucket.artifact.meta.setdefault("timings", {})["first_run"] = time.perf_counter() - start
+    log.debug("neuron_inductor: %s first run (kernels traced) in %.3fs", bucket.label,
+              bucket.artifact.meta["timings"]["first_run"])
+    try:
+        if reference is not None:
+            listed = list(outputs) if isinstance(outputs, (tuple, list)) else [outputs]
+            checked, mismatch = verify.compare(reference, listed, args, _producers(program))
+            bucket.verify = verify.report(bucket.label, config.verify, checked, mismatch)
+    finally:
+        if bucket.folder is not None:
+            _write_report(bucket)
+    return outputs

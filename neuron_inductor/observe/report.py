@@ -1,0 +1,175 @@
+"""The compile report: kernels, fallbacks, share of FLOPs in kernels, padding waste, estimated time.
+
+One JSON-able summary per compiled graph bucket (`summarize`, also written as the dump's
+`report.json`); a `Report` aggregates summaries from this process (`neuron_inductor.report()`) or
+from a dump folder (`neuron-inductor report DUMP_DIR`) and prints them as a table.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from . import session
+
+REPORT_FILE = "report.json"
+
+
+def summarize(bucket: session.CompiledBucket) -> dict[str, Any]:
+    meta = bucket.artifact.meta
+    estimates = meta.get("estimates", {})
+    kernels = []
+    for kernel in meta["kernels"]:
+        estimate = estimates.get(kernel["name"], {})
+        kernels.append({
+            "name": kernel["name"], "family": kernel["family"], "ops": kernel["ops"], "flops": kernel["flops"],
+            "inputs": kernel["inputs"], "outputs": kernel["outputs"],
+            "estimated_seconds": estimate.get("seconds"), "instructions": estimate.get("instructions"),
+            "dma_bytes": estimate.get("dma_bytes"),
+        })
+    fallbacks = [dict(fallback, flops=flops) for fallback, flops in zip(meta["fallbacks"], bucket.fallback_flops)]
+    kernel_flops = sum(k["flops"] for k in kernels)
+    fallback_flops = sum(bucket.fallback_flops)
+    ran = [k["estimated_seconds"] for k in kernels if k["estimated_seconds"] is not None]
+    dynamo = bucket.aot.dynamo
+    return {
+        "graph": {
+            "index": dynamo.index if dynamo else None,
+            "function": dynamo.function if dynamo else None,
+            "compile_id": dynamo.compile_id if dynamo else None,
+            "kind": bucket.aot.kind,
+            "graph_hash": bucket.aot.graph_hash,
+        },
+        "bucket": {"index": bucket.index, "signature": bucket.signature},
+        "kernels": kernels,
+        "fallbacks": fallbacks,
+        "views": meta.get("views", 0),
+        "flops": {"kernels": kernel_flops, "fallbacks": fallback_flops,
+                  "kernel_share": _share(kernel_flops, fallback_flops)},
+        "padding": bucket.padding,
+        # Kernels only: host fallbacks have no device estimate. None until the bucket's first run.
+        "estimated_seconds": sum(ran) if len(ran) == len(kernels) and kernels else (0.0 if not kernels else None),
+        "timings": {**meta.get("timings", {}), **({"total": meta["compile_seconds"]} if "compile_seconds" in meta else {})},
+        "verify": bucket.verify,
+        "folder": str(bucket.folder) if bucket.folder else None,
+    }
+
+
+def _share(part: float, rest: float) -> float | None:
+    return part / (part + rest) if part + rest else None
+
+
+class Report:
+    """Summaries of compiled graph buckets; `str(report)` is the table the CLI prints."""
+
+    def __init__(self, buckets: list[dict[str, Any]], source: str) -> None:
+        self.buckets = buckets
+        self.source = source
+
+    @property
+    def kernels(self) -> list[dict[str, Any]]:
+        return [k for b in self.buckets for k in b["kernels"]]
+
+    @property
+    def fallbacks(self) -> list[dict[str, Any]]:
+        return [f for b in self.buckets for f in b["fallbacks"]]
+
+    @property
+    def kernel_flop_share(self) -> float | None:
+        return _share(sum(b["flops"]["kernels"] for b in self.buckets),
+                      sum(b["flops"]["fallbacks"] for b in self.buckets))
+
+    @property
+    def padding_waste(self) -> float | None:
+        padded = [b["padding"] for b in self.buckets if b["padding"]]
+        total = sum(p["padded_elements"] for p in padded)
+        return sum(p["padded_elements"] - p["real_elements"] for p in padded) / total if total else None
+
+    @property
+    def estimated_seconds(self) -> float | None:
+        """Summed device estimate of every bucket's kernels, None if some bucket has not run yet."""
+        times = [b["estimated_seconds"] for b in self.buckets]
+        return None if None in times else sum(times)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "source": self.source,
+            "totals": {
+                "buckets": len(self.buckets), "kernels": len(self.kernels), "fallbacks": len(self.fallbacks),
+                "kernel_flop_share": self.kernel_flop_share, "padding_waste": self.padding_waste,
+                "estimated_seconds": self.estimated_seconds,
+            },
+            "buckets": self.buckets,
+        }
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2)
+
+    def __str__(self) -> str:
+        lines = [f"neuron_inductor report ({self.source}): {len(self.buckets)} compiled graph bucket(s)"]
+        for bucket in self.buckets:
+            lines += [""] + _bucket_lines(bucket)
+        fallback_ops = Counter(f["op"] for f in self.fallbacks)
+        listed = ", ".join(f"{op} x{n}" for op, n in sorted(fallback_ops.items()))
+        lines += [
+            "",
+            f"total: {len(self.kernels)} kernel(s), {len(self.fallbacks)} fallback(s){f' ({listed})' if listed else ''}; "
+            f"FLOPs in kernels {_percent(self.kernel_flop_share)}; padding waste {_percent(self.padding_waste)}; "
+            f"estimated Trn2 time {_micros(self.estimated_seconds)}",
+        ]
+        return "\n".join(lines)
+
+    __repr__ = __str__
+
+
+def _percent(value: float | None) -> str:
+    return "n/a" if value is None else f"{100 * value:.1f}%"
+
+
+def _micros(seconds: float | None) -> str:
+    return "not run yet" if seconds is None else f"{seconds * 1e6:.1f} us"
+
+
+def _bucket_lines(bucket: dict[str, Any]) -> list[str]:
+    graph = bucket["graph"]
+    padding = bucket["padding"]
+    lines = [
+        f"graph {graph['index']} {graph['kind']} ({graph['function']}, compile {graph['compile_id']}) "
+        f"bucket {bucket['bucket']['index']}: inputs {bucket['bucket']['signature']}",
+        f"  {len(bucket['kernels'])} kernel(s), {len(bucket['fallbacks'])} fallback(s), {bucket['views']} view(s); "
+        f"FLOPs in kernels {_percent(bucket['flops']['kernel_share'])}; "
+        f"padding waste {_percent(padding['fraction'] if padding else None)}; "
+        f"estimated Trn2 time {_micros(bucket['estimated_seconds'])}",
+    ]
+    if bucket["kernels"]:
+        width = max(len(k["name"]) for k in bucket["kernels"])
+        lines.append(f"    {'kernel':<{width}}  {'MFLOP':>10}  {'est. us':>9}  {'instr':>6}  ops")
+        for k in bucket["kernels"]:
+            micros = "-" if k["estimated_seconds"] is None else f"{k['estimated_seconds'] * 1e6:.2f}"
+            instructions = "-" if k["instructions"] is None else str(k["instructions"])
+            lines.append(f"    {k['name']:<{width}}  {k['flops'] / 1e6:>10.3f}  {micros:>9}  {instructions:>6}  "
+                         f"{', '.join(k['ops'])}")
+    for f in bucket["fallbacks"]:
+        lines.append(f"    fallback {f['op']} ({f['flops'] / 1e6:.3f} MFLOP on the host): {f['reason']}")
+    if bucket.get("verify"):
+        lines.append(f"    verify: {bucket['verify']['message']}")
+    return lines
+
+
+def process_report() -> Report:
+    """The graphs compiled (or loaded from the cache) in this process so far."""
+    return Report([summarize(b) for b in session.BUCKETS], "this process")
+
+
+def dump_report(folder: str | Path) -> Report:
+    """Every report.json under `folder` (a dump folder, one run of it, or one bucket's folder)."""
+    root = Path(folder)
+    if not root.is_dir():
+        raise FileNotFoundError(f"{root} is not a folder; pass a NEURON_INDUCTOR_DUMP_DIR folder")
+    files = sorted(root.rglob(REPORT_FILE))
+    if not files:
+        raise FileNotFoundError(f"no {REPORT_FILE} under {root}: is it a NEURON_INDUCTOR_DUMP_DIR folder "
+                                "of a process that compiled something?")
+    return Report([json.loads(f.read_text()) for f in files], str(root))
