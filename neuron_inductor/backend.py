@@ -19,6 +19,7 @@ from torch._dynamo.backends.common import aot_autograd
 from torch._functorch.partitioners import min_cut_rematerialization_partition
 
 from . import config as config_module
+from . import observe
 from .decompositions import neuron_decompositions
 from .runtime import GraphRunner
 
@@ -50,6 +51,7 @@ class NeuronBackend:
         if mode is not None and mode not in MODES:
             raise config_module.ConfigError(f"mode={mode!r} is not valid; accepted values: {', '.join(MODES)}")
         cfg = config_module.resolve(options)
+        observe.on_dynamo_graph(gm, example_inputs, cfg)
         return aot_autograd(
             fw_compiler=_make_compiler(cfg, "forward"),
             bw_compiler=_make_compiler(cfg, "backward"),

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 import torch.fx as fx
 
-from . import bucketing
+from . import bucketing, observe
 from .compiler import CompiledArtifact, KernelRuleViolation, Program, compile_static_graph, _kernel_nodes
 from .config import NeuronConfig
 from .toolchain import select_toolchain
@@ -46,6 +46,7 @@ class GraphRunner:
         self.graph_hash = graph_structure_hash(gm, example_inputs)
         self.toolchain = select_toolchain(config.toolchain)
         self.programs: dict[tuple, Program] = {}
+        observe.on_graph_runner(self)
 
     def _signature(self, args: list) -> tuple:
         return tuple(tuple(a.shape) if isinstance(a, torch.Tensor) else a for a in args)
@@ -66,6 +67,7 @@ class GraphRunner:
         self._report_fallbacks(artifact)
         COMPILED_PROGRAMS.append({"graph": self.graph_hash, "kind": self.kind, "signature": repr(signature),
                                   "artifact": artifact})
+        observe.on_program_compiled(self, program, signature, args)
         return program
 
     def _report_fallbacks(self, artifact: CompiledArtifact) -> None:
@@ -95,6 +97,6 @@ class GraphRunner:
             program = self.programs[signature] = self._compile(args, signature)
         while True:
             try:
-                return program(args)
+                return observe.on_run(self, program, args, lambda: program(args))
             except KernelRuleViolation as violation:
                 program = self.programs[signature] = self._recompile_without(program, violation)
