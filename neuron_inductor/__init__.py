@@ -5,3 +5,11 @@ package (the `torch_dynamo_backends` entry point); import it for the Python API.
 """
 
 __version__ = "0.1.0"
+
+
+def report():
+    """What this process compiled: kernels, fallbacks, share of FLOPs in kernels, padding waste and
+    estimated Trn2 time per kernel and graph (`print(neuron_inductor.report())`; see observe/report.py)."""
+    from .observe import report as process_report
+
+    return process_report()
