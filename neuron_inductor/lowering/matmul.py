@@ -47,13 +47,13 @@ aten = torch.ops.aten
 TILE_K = 128
 TILE_M = 128
 TILE_N = 512
-# On-chip budget per partition the kernel plans for: well under Trn2's 192 KiB of SBUF so that the
-# compiler can double-buffer the streamed panels.
-SBUF_BUDGET = 96 * 1024
+# SBUF bytes per partition for the operand panels (streamed ones counted twice: the next panel is
+# allocated while the current one is live). Trn2 has 192 KiB; the rest holds result and bias tiles.
+SBUF_BUDGET = 128 * 1024
 # Upper bound on the resident A panel's rows: more rows cut B's re-reads, but past ~8 tiles the
 # gain is small and the panel crowds out double buffering.
 MAX_BLOCK_M = 1024
-# PSUM accumulators live at once in "stream" mode (of 8 banks): the rest double-buffer.
+# PSUM accumulators live at once in "stream" mode (of 8 banks): the rest double-buffer and transpose.
 STREAM_PSUM_BANKS = 4
 
 SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -174,25 +174,39 @@ def resolve_operand(node: fx.Node, batch: int) -> Operand:
 # --- Blocking ----------------------------------------------------------------------------------
 
 
-def plan_blocking(m: int, n: int, k: int, itemsize: int) -> dict:
-    """Tile blocking within the SBUF budget.
+def operand_load(k_major: bool, itemsize: int) -> str:
+    """How an operand's tiles reach SBUF with K on partitions.
+
+    "direct": the base's rows are K already. Otherwise its rows are read contiguously and flipped:
+    "dma_transpose" for 2-byte dtypes (the DMA engine transposes in flight and TensorE stays free
+    for matmuls), "pe_transpose" for fp32 (128x128 TensorE transposes through PSUM).
+    """
+    if k_major:
+        return "direct"
+    return "dma_transpose" if itemsize == 2 else "pe_transpose"
+
+
+def plan_blocking(m: int, n: int, k: int, itemsize: int, staged: bool) -> dict:
+    """Tile blocking within the SBUF budget (`staged`: some operand is flipped on TensorE and needs a
+    row-staging tile).
 
     "panel": an A^T panel of `block_m` rows over the whole K stays resident while B panels of
-    [K, 512] stream past it; each B panel is reused by every m-tile of the block and A is read once.
-    "stream" (K too long for a panel): per [block_m, block_n] output block, K is walked in chunks
-    of `k_chunk` tiles and accumulated in PSUM.
+    [K, 512] stream past it (double-buffered); each B panel is reused by every m-tile of the block,
+    and A is read once.
+    "stream" (K too long for a resident panel): per [block_m, 512] output block, K is walked in
+    chunks of `k_chunk` tiles, accumulating into block_m / 128 PSUM banks.
     """
     k_tiles = math.ceil(k / TILE_K)
-    width_n = min(TILE_N, n)
-    b_panel = k_tiles * width_n * itemsize
-    rows_fit = (SBUF_BUDGET - 2 * b_panel) // (k_tiles * itemsize)
-    block_m = min(MAX_BLOCK_M, rows_fit // TILE_M * TILE_M, math.ceil(m / TILE_M) * TILE_M)
+    m_padded = math.ceil(m / TILE_M) * TILE_M
+    stage = 2 * k_tiles * TILE_K * itemsize if staged else 0
+    b_panels = 2 * k_tiles * TILE_N * itemsize
+    rows_fit = max(0, SBUF_BUDGET - b_panels - stage) // (k_tiles * itemsize)
+    block_m = min(MAX_BLOCK_M, rows_fit // TILE_M * TILE_M, m_padded)
     if block_m >= TILE_M:
-        return {"mode": "panel", "block_m": block_m, "block_n": width_n, "k_chunk": k_tiles}
-    block_m = min(2 * TILE_M, math.ceil(m / TILE_M) * TILE_M)
-    block_n = min(STREAM_PSUM_BANKS // (block_m // TILE_M) * TILE_N, math.ceil(n / TILE_N) * TILE_N)
-    k_chunk = SBUF_BUDGET // 2 // ((block_m + block_n) * itemsize)
-    return {"mode": "stream", "block_m": block_m, "block_n": block_n, "k_chunk": max(1, k_chunk)}
+        return {"mode": "panel", "block_m": block_m, "k_chunk": k_tiles}
+    block_m = min(STREAM_PSUM_BANKS * TILE_M, m_padded)
+    per_k_tile = 2 * (block_m + TILE_N + (TILE_K if staged else 0)) * itemsize
+    return {"mode": "stream", "block_m": block_m, "k_chunk": max(1, SBUF_BUDGET // per_k_tile)}
 
 
 # --- Bias ----------------------------------------------------------------------------------------
@@ -224,13 +238,15 @@ def _matmul_spec(node: fx.Node, a: fx.Node, b: fx.Node, bias: fx.Node | None = N
     if 0 in (batch, m, n, k):
         raise Unsupported("empty matmul")
     a_op, b_op = resolve_operand(a, batch), resolve_operand(b, batch)
+    itemsize = a_val.element_size()
+    a_load, b_load = operand_load(a_op.swapped, itemsize), operand_load(not b_op.swapped, itemsize)
     inputs = [a_op.node, b_op.node]
     params = {
         "batch": batch, "m": m, "n": n, "k": k, "alpha": float(alpha),
-        "a": {"layout": "km" if a_op.swapped else "mk", "batch_index": a_op.batch_index},
-        "b": {"layout": "nk" if b_op.swapped else "kn", "batch_index": b_op.batch_index},
+        "a": {"layout": "km" if a_op.swapped else "mk", "load": a_load, "batch_index": a_op.batch_index},
+        "b": {"layout": "nk" if b_op.swapped else "kn", "load": b_load, "batch_index": b_op.batch_index},
         "bias": None,
-        "blocking": plan_blocking(m, n, k, a_val.element_size()),
+        "blocking": plan_blocking(m, n, k, itemsize, "pe_transpose" in (a_load, b_load)),
     }
     if bias is not None:
         bias_val = _val(bias)

@@ -1,0 +1,206 @@
+"""Matmul family: lowerings of mm / bmm / addmm rendered to NKI and run in the interpreter.
+
+Each case traces a function with the Neuron decomposition table, lowers its matmul node, renders
+the kernel, runs it on the real values of the kernel's inputs and compares with the same graph
+evaluated in float64 on the same (possibly bf16-rounded) inputs.
+Tolerances: fp32 rtol 1e-4 (atol 1e-5 x max|ref|); bf16 rtol 8e-3 (one bf16 rounding of the
+fp32-accumulated result is 2^-9 relative; atol 2e-3 x max|ref| for cancellation).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.fx as fx
+from torch.fx.experimental.proxy_tensor import make_fx
+
+from neuron_inductor import sim
+from neuron_inductor.codegen.render import render_kernel
+from neuron_inductor.decompositions import neuron_decompositions
+from neuron_inductor.lowering import matmul
+from neuron_inductor.lowering.ir import Unsupported
+from neuron_inductor.lowering.registry import LOWERINGS, load_lowerings
+
+aten = torch.ops.aten
+MATMUL_OPS = (aten.mm.default, aten.bmm.default, aten.addmm.default)
+TOLERANCES = {torch.float32: (1e-4, 1e-5), torch.bfloat16: (8e-3, 2e-3)}
+SHAPES = [(1, 1, 1), (7, 13, 5), (128, 128, 128), (130, 257, 515), (256, 384, 640)]  # (M, K, N)
+DTYPES = [torch.float32, torch.bfloat16]
+
+
+class _Recorder(fx.Interpreter):
+    """Runs a graph and keeps every node's value."""
+
+    def run_node(self, node):
+        value = super().run_node(node)
+        self.values[node] = value
+        return value
+
+    def values_for(self, *args):
+        self.values = {}
+        self.run(*args)
+        return self.values
+
+
+def trace(fn, *args) -> tuple[fx.GraphModule, fx.Node]:
+    gm = make_fx(fn, decomposition_table=neuron_decompositions())(*args)
+    nodes = [n for n in gm.graph.nodes if n.target in MATMUL_OPS]
+    assert len(nodes) == 1, gm.graph
+    return gm, nodes[0]
+
+
+def lower(node: fx.Node):
+    load_lowerings()
+    spec = LOWERINGS[node.target](node)
+    spec.name = "k0_matmul"
+    return spec
+
+
+def run_case(fn, *args):
+    """(kernel output, float64 reference, spec) for the single matmul of fn(*args)."""
+    gm, node = trace(fn, *args)
+    spec = lower(node)
+    kernel = sim.load_kernels(render_kernel(spec), "k0_matmul.py")["k0_matmul"]
+    values = _Recorder(gm).values_for(*args)
+    reference = _Recorder(gm).values_for(*(a.double() for a in args))[node]
+    out = kernel(*(values[n] for n in spec.inputs))
+    return out, reference, spec
+
+
+def check(fn, *args):
+    out, reference, spec = run_case(fn, *args)
+    dtype = args[0].dtype
+    assert out.dtype == dtype and out.shape == reference.shape
+    rtol, atol = TOLERANCES[dtype]
+    scale = reference.abs().max().item() or 1.0
+    torch.testing.assert_close(out.double(), reference, rtol=rtol, atol=atol * scale)
+    return spec
+
+
+def randn(*shape, dtype=torch.float32, seed=0):
+    generator = torch.Generator().manual_seed(seed + sum(shape))
+    return torch.randn(*shape, generator=generator).to(dtype)
+
+
+# Each layout is (fn, operand shapes): A is [M, K] or its transpose, B is [K, N] or its transpose.
+def _layouts(m, k, n):
+    return {
+        "mk,kn": (lambda a, b: a @ b, (m, k), (k, n)),
+        "km,kn": (lambda at, b: at.t() @ b, (k, m), (k, n)),
+        "mk,nk": (lambda a, bt: a @ bt.t(), (m, k), (n, k)),
+        "km,nk": (lambda at, bt: at.transpose(0, 1) @ bt.permute(1, 0), (k, m), (n, k)),
+    }
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("layout", ["mk,kn", "km,kn", "mk,nk", "km,nk"])
+def test_mm_layouts(layout, shape, dtype):
+    fn, a_shape, b_shape = _layouts(*shape)[layout]
+    spec = check(fn, randn(*a_shape, dtype=dtype), randn(*b_shape, dtype=dtype, seed=1))
+    assert (spec.params["a"]["layout"], spec.params["b"]["layout"]) == tuple(layout.split(","))
+    flipped = [name for name, major in (("a", "km"), ("b", "kn")) if spec.params[name]["layout"] != major]
+    expected = "dma_transpose" if dtype == torch.bfloat16 else "pe_transpose"
+    assert all(spec.params[name]["load"] == expected for name in flipped)
+    m, k, n = shape
+    assert spec.flops == 2 * m * n * k
+
+
+def test_linear_weight_is_read_in_place():
+    """linear's permute(W) is looked through: the kernel reads W itself as an "nk" operand."""
+    gm, node = trace(lambda x, w: torch.nn.functional.linear(x, w), randn(4, 8), randn(6, 8))
+    spec = lower(node)
+    assert [n.op for n in spec.inputs] == ["placeholder", "placeholder"]
+    assert spec.params["b"]["layout"] == "nk"
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("bias_shape", [(515,), (1, 515), (130, 1), (130, 515), (1,), (1, 1)])
+def test_addmm_bias(bias_shape, dtype):
+    a, b = randn(130, 257, dtype=dtype), randn(257, 515, dtype=dtype, seed=1)
+    bias = randn(*bias_shape, dtype=dtype, seed=2)
+    spec = check(lambda bias, a, b: torch.addmm(bias, a, b), bias, a, b)
+    assert len(spec.inputs) == 3
+
+
+@pytest.mark.parametrize("bias_shape", [(515,), (130, 1), (130, 515), (1,)])
+def test_addmm_alpha_beta(bias_shape):
+    a, b, bias = randn(130, 257), randn(257, 515, seed=1), randn(*bias_shape, seed=2)
+    check(lambda bias, a, b: torch.addmm(bias, a, b, beta=0.3, alpha=-1.7), bias, a, b)
+
+
+def test_addmm_beta_zero_ignores_bias():
+    a, b = randn(7, 13), randn(13, 5, seed=1)
+    bias = torch.full((5,), float("nan"))
+    out, reference, spec = run_case(lambda bias, a, b: torch.addmm(bias, a, b, beta=0, alpha=2), bias, a, b)
+    assert len(spec.inputs) == 2
+    torch.testing.assert_close(out.double(), 2 * (a.double() @ b.double()), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_linear_with_bias(dtype):
+    x, w, bias = randn(2, 65, 200, dtype=dtype), randn(300, 200, dtype=dtype, seed=1), randn(300, dtype=dtype, seed=2)
+    spec = check(lambda x, w, bias: torch.nn.functional.linear(x, w, bias), x, w, bias)
+    assert spec.params["b"]["layout"] == "nk" and spec.params["bias"]["kind"] == "row"
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape", [(3, 7, 13, 5), (2, 130, 257, 515)], ids=lambda s: "x".join(map(str, s)))
+def test_bmm(shape, dtype):
+    batch, m, k, n = shape
+    check(lambda a, b: torch.bmm(a, b), randn(batch, m, k, dtype=dtype), randn(batch, k, n, dtype=dtype, seed=1))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_bmm_transposed_operands(dtype):
+    """Attention-style q @ k^T over [B, H, S, D] tensors: both operands resolve to 4-d bases."""
+    q, k = randn(2, 3, 40, 24, dtype=dtype), randn(2, 3, 50, 24, dtype=dtype, seed=1)
+    spec = check(lambda q, k: torch.matmul(q, k.transpose(-1, -2)), q, k)
+    assert spec.params["b"]["layout"] == "nk" and spec.params["b"]["batch_index"] == [(3, 2), (1, 3)]
+
+
+def test_bmm_broadcast_batch():
+    """matmul of [1, M, K] with [B, K, N] expands A over the batch: read with a constant index."""
+    a, b = randn(1, 9, 20), randn(4, 20, 11, seed=1)
+    spec = check(lambda a, b: torch.matmul(a, b), a, b)
+    assert spec.inputs[0].op == "placeholder" and spec.params["a"]["batch_index"] == [(1, 1)]  # always a[0]
+
+
+def test_bmm_broadcast_inner_batch():
+    """[2, 1, M, K] @ [2, 3, K, N]: matmul materialises the expanded A (clone); the kernel reads that
+    4-d clone and B's 4-d base through the (b // 3, b % 3) batch index."""
+    a, b = randn(2, 1, 9, 20), randn(2, 3, 20, 11, seed=1)
+    spec = check(lambda a, b: torch.matmul(a, b), a, b)
+    assert spec.params["a"]["batch_index"] == spec.params["b"]["batch_index"] == [(3, 2), (1, 3)]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("layout", ["mk,kn", "km,nk"])
+def test_stream_mode(monkeypatch, layout, dtype):
+    """K too long for a resident panel: K walked in chunks accumulating in PSUM."""
+    monkeypatch.setattr(matmul, "SBUF_BUDGET", 8 * 1024)
+    fn, a_shape, b_shape = _layouts(200, 700, 600)[layout]
+    spec = check(fn, randn(*a_shape, dtype=dtype), randn(*b_shape, dtype=dtype, seed=1))
+    blocking = spec.params["blocking"]
+    assert blocking["mode"] == "stream" and blocking["k_chunk"] < 6
+
+
+def test_stream_mode_with_bias(monkeypatch):
+    monkeypatch.setattr(matmul, "SBUF_BUDGET", 8 * 1024)
+    a, b, bias = randn(200, 700), randn(700, 600, seed=1), randn(600, seed=2)
+    spec = check(lambda bias, a, b: torch.addmm(bias, a, b, alpha=0.5), bias, a, b)
+    assert spec.params["blocking"]["mode"] == "stream"
+
+
+def test_multiple_m_blocks(monkeypatch):
+    """A smaller panel budget splits M into several resident blocks."""
+    monkeypatch.setattr(matmul, "MAX_BLOCK_M", 128)
+    spec = check(lambda a, b: a @ b, randn(300, 200), randn(200, 700, seed=1))
+    assert spec.params["blocking"]["block_m"] == 128
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.float64], ids=str)
+def test_unsupported_dtypes(dtype):
+    gm, node = trace(lambda a, b: a @ b, torch.ones(4, 4, dtype=dtype), torch.ones(4, 4, dtype=dtype))
+    with pytest.raises(Unsupported, match="TensorE"):
+        lower(node)
