@@ -377,10 +377,10 @@ def tensor_reduce(dst, op, data, axis, negate=False, keepdims=False, name=None):
     rules.reduce_op(api, op)
     rules.tile(api, "dst", dst)
     rules.tile(api, "data", data)
-    rules.same_partitions(api, "dst", dst, "data", data)
     axes = tuple(axis) if isinstance(axis, (tuple, list)) else (axis,)
     shape = data.data.shape
     first = rules.reduce_axes(api, axes, len(shape))[0]
+    rules.same_partitions(api, "dst", dst, "data", data)
     kept = shape[:first]
     kept_free = 1
     for s in kept[1:]:

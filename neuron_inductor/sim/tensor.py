@@ -62,6 +62,28 @@ class Allocation:
     def __del__(self):
         if self.pool is not None:
             self.pool.release(self.nbytes)
+            _recycle(self.storage)
+
+
+# On-chip storage is recycled by (shape, dtype): fresh pages are slow to fault in (on some
+# VMs, milliseconds per tile), and loops allocate the same tile shapes over and over.
+_RECYCLED = {}
+_RECYCLE_PER_KEY = 8
+_RECYCLE_MAX_ELEMENTS = 1 << 23  # don't hold on to tiles bigger than 32 MiB of fp32
+
+
+def _recycle(storage: torch.Tensor) -> None:
+    if storage.numel() <= _RECYCLE_MAX_ELEMENTS:
+        bucket = _RECYCLED.setdefault((storage.shape, storage.dtype), [])
+        if len(bucket) < _RECYCLE_PER_KEY:
+            bucket.append(storage)
+
+
+def _fresh_storage(shape, dtype: torch.dtype, fill) -> torch.Tensor:
+    bucket = _RECYCLED.get((torch.Size(shape), dtype))
+    if bucket:
+        return bucket.pop().fill_(fill)
+    return torch.full(shape, fill, dtype=dtype)
 
 
 class DynSlice:
@@ -218,18 +240,19 @@ def _normalize_index(key, shape, on_chip: bool) -> tuple:
 
 
 def allocate(shape, dtype: dtypes.NkiDtype, buffer: Buffer, name: str, pool) -> NkiTensor:
-    """A fresh tensor filled like the real simulator's (NaN floats, 4 integers)."""
-    on_chip = buffer.on_chip
-    storage_dtype = dtypes.storage_for(dtype, on_chip)
-    storage = torch.full(shape, dtypes.fill_value(dtype), dtype=storage_dtype)
-    nbytes = 0
-    if pool is not None:
-        free = 1
-        for s in shape[1:]:
-            free *= s
-        nbytes = free * dtype.itemsize
-        pool.reserve(nbytes, f"{name + ' ' if name else ''}{list(shape)} {dtype.name}")
-    return NkiTensor(storage, dtype, buffer, Allocation(storage, pool if nbytes else None, nbytes), name)
+    """A fresh tensor filled like the real simulator's (NaN floats, 4 integers); on-chip if `pool`."""
+    storage_dtype = dtypes.storage_for(dtype, buffer.on_chip)
+    fill = dtypes.fill_value(dtype)
+    if pool is None:
+        storage = torch.full(shape, fill, dtype=storage_dtype)
+        return NkiTensor(storage, dtype, buffer, Allocation(storage), name)
+    free = 1
+    for s in shape[1:]:
+        free *= s
+    nbytes = free * dtype.itemsize
+    pool.reserve(nbytes, f"{name + ' ' if name else ''}{list(shape)} {dtype.name}")
+    storage = _fresh_storage(shape, storage_dtype, fill)
+    return NkiTensor(storage, dtype, buffer, Allocation(storage, pool, nbytes), name)
 
 
 def wrap_hbm(value: torch.Tensor, name: str = "") -> NkiTensor:

@@ -1,0 +1,9 @@
+"""Interpreter tests: deterministic random inputs."""
+
+import pytest
+import torch
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    torch.manual_seed(0)
