@@ -105,28 +105,42 @@ def plan_dims(shape, reduced: set[int], free_limit) -> tuple[str, list[Dim]]:
     if not groups or not any(d in reduced for g in groups for d in g):
         layout, p_group, f_group = "free", (groups[-1] if groups else []), []
     elif len(groups) == 1:
-        group = groups[0]
-        split = len(group) - 1
-        while split > 0 and _prod(shape[d] for d in group[split - 1:]) <= FREE_MAX:
-            split -= 1
-        p_group, f_group = group[:split], group[split:]
+        p_group, f_group = _split(groups[0], shape)
         # with nothing on the partitions a single row of tiles is a plain free-axis reduction
         layout = "full" if p_group else "free"
     else:
         f_group, p_group = groups[-1], groups[-2]
         layout = "free" if f_group[0] in reduced else "partition"
+    return layout, _walk(shape, reduced, p_group, f_group, free_limit(layout))
+
+
+def plan_copy(shape) -> list[Dim]:
+    """How a data-movement kernel walks `shape`: trailing dims on the free axis, leading ones on
+    partitions (nothing is reduced)."""
+    shape = [int(s) for s in shape]
+    p_group, f_group = _split([d for d, s in enumerate(shape) if s > 1], shape)
+    return _walk(shape, set(), p_group, f_group, FREE_MAX)
+
+
+def _split(group: list[int], shape) -> tuple[list[int], list[int]]:
+    """Split one group of dims: the longest suffix fitting a free-axis tile (at least the last
+    dim) for the free axis, the rest for partitions."""
+    split = max(len(group) - 1, 0)
+    while split > 0 and _prod(shape[d] for d in group[split - 1:]) <= FREE_MAX:
+        split -= 1
+    return group[:split], group[split:]
+
+
+def _walk(shape, reduced, p_group, f_group, free_limit: int) -> list[Dim]:
     chunks = {d: 1 for d in range(len(shape))}
     chunks.update(_box(p_group, shape, PMAX))
-    chunks.update(_box(f_group, shape, free_limit(layout)))
+    chunks.update(_box(f_group, shape, free_limit))
     dims = []
     for d, extent in enumerate(shape):
         chunk = min(chunks[d], extent)
-        if chunk > 1:
-            axis = "p" if d in p_group else "f"
-        else:
-            axis = "loop"
+        axis = ("p" if d in p_group else "f") if chunk > 1 else "loop"
         dims.append(Dim(d, extent, d in reduced, axis, chunk))
-    return layout, dims
+    return dims
 
 
 def _prod(values) -> int:
