@@ -1,0 +1,276 @@
+"""Attention family: SDPA forward / backward ATen nodes rendered to NKI and run in the interpreter.
+
+Each case traces `F.scaled_dot_product_attention` with AOTAutograd and the Neuron decomposition
+table (so the kernels see exactly the nodes the backend gets), runs the forward and backward
+graphs on real values, lowers their attention nodes, runs the kernels on the values of the
+nodes' inputs and compares with float64 eager SDPA (output, logsumexp, autograd gradients) on
+the same (possibly bf16-rounded) inputs.
+Tolerances, relative to the largest reference magnitude of each tensor: fp32 2e-5 (fp32
+accumulation over <= 640 keys); bf16 2e-2 (P and dS are rounded to bf16 before their matmuls,
+as in eager bf16 SDPA, whose own error is about half of that).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import pytest
+import torch
+import torch.fx as fx
+import torch.nn.functional as F
+from functorch.compile import aot_function
+from torch.fx.experimental.proxy_tensor import make_fx
+
+from neuron_inductor import sim
+from neuron_inductor.codegen.render import render_kernel
+from neuron_inductor.decompositions import neuron_decompositions
+from neuron_inductor.lowering.ir import Unsupported
+from neuron_inductor.lowering.registry import LOWERINGS, load_lowerings
+
+aten = torch.ops.aten
+FORWARD = aten._scaled_dot_product_flash_attention_for_cpu.default
+BACKWARD = aten._scaled_dot_product_flash_attention_for_cpu_backward.default
+TOLERANCE = {torch.float32: 2e-5, torch.bfloat16: 2e-2}
+
+load_lowerings()
+
+
+@dataclass(frozen=True)
+class Case:
+    batch: int = 1
+    q_heads: int = 2
+    kv_heads: int = 2
+    q_len: int = 37
+    kv_len: int = 37
+    head_dim: int = 16
+    causal: bool = False
+    mask: str = ""  # "", "bool", "additive", "padding" ([B, 1, 1, Sk] additive), "hf_min" (finfo.min rows)
+    scale: float | None = None
+    gqa: str = ""  # "", "enable_gqa", "repeat" (HF's expand + reshape of k / v)
+    dtype: torch.dtype = torch.float32
+
+    def __str__(self):
+        parts = [f"b{self.batch}h{self.q_heads}x{self.kv_heads}", f"q{self.q_len}k{self.kv_len}d{self.head_dim}",
+                 "causal" if self.causal else "", self.mask, f"scale{self.scale}" if self.scale else "", self.gqa,
+                 str(self.dtype).removeprefix("torch.")]
+        return "-".join(p for p in parts if p)
+
+
+def make_inputs(case: Case, seed: int = 0) -> dict:
+    gen = torch.Generator().manual_seed(seed)
+
+    def randn(*shape):
+        return torch.randn(*shape, generator=gen).to(case.dtype)
+
+    b, sq, sk, d = case.batch, case.q_len, case.kv_len, case.head_dim
+    inputs = dict(query=randn(b, case.q_heads, sq, d), key=randn(b, case.kv_heads, sk, d),
+                  value=randn(b, case.kv_heads, sk, d))
+    if case.mask == "bool":
+        keep = torch.rand(sq, sk, generator=gen) > 0.3
+        keep[:, 0] = True
+        keep[sq // 2] = False  # one fully masked query row: eager gives output 0, gradients 0
+        inputs["mask"] = keep
+    elif case.mask == "additive":
+        inputs["mask"] = randn(b, 1, sq, sk)
+    elif case.mask == "padding":
+        padding = torch.zeros(b, 1, 1, sk)
+        padding[..., : sk // 3] = float("-inf")  # left padding: the first keys are masked out
+        inputs["mask"] = padding.to(case.dtype)
+    elif case.mask == "hf_min":
+        causal = torch.ones(sq, sk, dtype=torch.bool).tril()
+        causal[sq // 2] = False  # a row of finfo.min only: eager softmax is uniform there
+        inputs["mask"] = torch.zeros(sq, sk).masked_fill(~causal, torch.finfo(case.dtype).min).to(case.dtype)
+    return inputs
+
+
+def attention(case: Case):
+    """The model function: SDPA as a user writes it, for each GQA style."""
+    group = case.q_heads // case.kv_heads
+
+    def fn(query, key, value, mask=None):
+        if case.gqa == "repeat":
+            b, h, s, d = key.shape
+            key = key[:, :, None].expand(b, h, group, s, d).reshape(b, h * group, s, d)
+            value = value[:, :, None].expand(b, h, group, s, d).reshape(b, h * group, s, d)
+        return F.scaled_dot_product_attention(query, key, value, attn_mask=mask, is_causal=case.causal,
+                                              scale=case.scale, enable_gqa=case.gqa == "enable_gqa")
+
+    return fn
+
+
+def capture_graphs(fn, inputs: dict, grad_out: torch.Tensor) -> dict:
+    """{"fw" | "bw": (ATen graph, its real arguments)} of fn under AOTAutograd with our decompositions."""
+    graphs = {}
+
+    def capturing(kind):
+        def compile_graph(gm, example_inputs):
+            def run(args):
+                graphs[kind] = (gm, list(args))
+                return gm(*args)
+
+            run._boxed_call = True
+            return run
+
+        return compile_graph
+
+    compiled = aot_function(fn, fw_compiler=capturing("fw"), bw_compiler=capturing("bw"),
+                            decompositions=neuron_decompositions())
+    args = {name: t.detach().requires_grad_(t.is_floating_point() and name != "mask") for name, t in inputs.items()}
+    compiled(**args).backward(grad_out)
+    return graphs
+
+
+def run_kernel(gm: fx.GraphModule, args: list, target) -> tuple[list[torch.Tensor], object]:
+    """Lower the graph's `target` node, render, run in the interpreter on the node's real inputs."""
+    interpreter = fx.Interpreter(gm, garbage_collect_values=False)
+    interpreter.run(*args)
+    (node,) = [n for n in gm.graph.nodes if n.target is target]
+    spec = LOWERINGS[target](node)
+    spec.name = f"k0_{spec.family}"
+    kernel = sim.load_kernels(render_kernel(spec), f"{spec.name}.py")[spec.name]
+    outputs = kernel(*(interpreter.env[n] for n in spec.inputs))
+    return list(outputs), spec
+
+
+def reference(case: Case, inputs: dict, grad_out: torch.Tensor) -> dict:
+    """float64 eager SDPA on the same values: output, logsumexp, gradients."""
+    wide = {name: (t.double() if t.is_floating_point() else t).detach().requires_grad_(name != "mask" and t.is_floating_point())
+            for name, t in inputs.items()}
+    out = attention(case)(**wide)
+    out.backward(grad_out.double())
+    key, value = wide["key"], wide["value"]
+    if case.gqa:  # for_cpu's logsumexp, with the kv head each query head reads
+        group = case.q_heads // case.kv_heads
+        key, value = key.repeat_interleave(group, 1), value.repeat_interleave(group, 1)
+    mask = wide.get("mask")
+    if mask is not None and mask.dtype == torch.bool:
+        mask = torch.zeros(mask.shape, dtype=torch.float64).masked_fill(~mask, float("-inf"))
+    _, lse = FORWARD(wide["query"].detach(), key.detach(), value.detach(), 0.0, case.causal,
+                     attn_mask=mask, scale=case.scale)
+    return dict(out=out.detach(), lse=lse, grad_query=wide["query"].grad, grad_key=wide["key"].grad,
+                grad_value=wide["value"].grad)
+
+
+def assert_close(actual: torch.Tensor, expected: torch.Tensor, dtype: torch.dtype, what: str):
+    assert actual.dtype == (torch.float32 if what == "lse" else dtype), what
+    assert actual.shape == expected.shape, what
+    scale = expected.abs().max().item() or 1.0
+    tol = TOLERANCE[dtype] * scale
+    torch.testing.assert_close(actual.double(), expected, rtol=0, atol=tol, msg=lambda m: f"{what}: {m}")
+
+
+def check(case: Case):
+    inputs = make_inputs(case)
+    grad_out = torch.randn(case.batch, case.q_heads, case.q_len, case.head_dim,
+                           generator=torch.Generator().manual_seed(1)).to(case.dtype)
+    graphs = capture_graphs(attention(case), inputs, grad_out)
+    expected = reference(case, inputs, grad_out)
+
+    (out, lse), fw_spec = run_kernel(*graphs["fw"], FORWARD)
+    assert_close(out, expected["out"], case.dtype, "out")
+    assert_close(lse, expected["lse"], case.dtype, "lse")
+
+    grads, bw_spec = run_kernel(*graphs["bw"], BACKWARD)
+    for name, grad in zip(("grad_query", "grad_key", "grad_value"), grads):
+        if case.gqa == "repeat" and name != "grad_query":
+            # The node saw k / v repeated per query head; the model's gradient sums over each group.
+            grad = grad.double().unflatten(1, (case.kv_heads, -1)).sum(2).to(grad.dtype)
+        assert_close(grad, expected[name], case.dtype, name)
+    return fw_spec, bw_spec
+
+
+CASES = [
+    Case(),
+    Case(batch=2, q_len=1, kv_len=37),
+    Case(q_len=200, kv_len=200, head_dim=64, causal=True),
+    Case(q_len=128, kv_len=128, head_dim=128, causal=True),
+    Case(q_len=37, kv_len=200, head_dim=64),
+    Case(q_len=200, kv_len=37, head_dim=64),
+    Case(q_len=130, kv_len=300, head_dim=16, causal=True),
+    Case(q_len=300, kv_len=130, head_dim=16, causal=True),
+    Case(q_len=512, kv_len=512, head_dim=64, q_heads=1, kv_heads=1, causal=True),
+    Case(q_len=640, kv_len=640, head_dim=128, q_heads=1, kv_heads=1),
+    Case(q_len=200, kv_len=150, mask="bool"),
+    Case(batch=2, q_len=130, kv_len=130, head_dim=64, mask="additive"),
+    Case(batch=2, q_len=37, kv_len=600, mask="padding"),
+    Case(q_len=150, kv_len=150, mask="hf_min"),
+    Case(q_len=200, kv_len=200, q_heads=4, kv_heads=2, causal=True, gqa="enable_gqa"),
+    Case(q_len=130, kv_len=130, q_heads=6, kv_heads=2, mask="additive", gqa="enable_gqa"),
+    Case(q_len=100, kv_len=100, q_heads=4, kv_heads=2, causal=True, gqa="repeat"),
+    Case(q_len=100, kv_len=140, head_dim=64, scale=0.3),
+    Case(q_len=200, kv_len=200, head_dim=64, causal=True, scale=2.0),
+]
+BF16_CASES = [
+    Case(q_len=200, kv_len=200, head_dim=64, causal=True, dtype=torch.bfloat16),
+    Case(q_len=640, kv_len=640, head_dim=128, q_heads=1, kv_heads=1, causal=True, dtype=torch.bfloat16),
+    Case(q_len=37, kv_len=300, head_dim=16, dtype=torch.bfloat16),
+    Case(batch=2, q_len=130, kv_len=130, head_dim=64, mask="additive", dtype=torch.bfloat16),
+    Case(q_len=150, kv_len=600, mask="padding", dtype=torch.bfloat16),
+    Case(q_len=200, kv_len=200, q_heads=4, kv_heads=1, causal=True, gqa="enable_gqa", dtype=torch.bfloat16),
+]
+
+
+@pytest.mark.parametrize("case", CASES + BF16_CASES, ids=str)
+def test_attention_matches_eager(case):
+    check(case)
+
+
+def _forward_node(case: Case, dropout_p: float = 0.0) -> fx.Node:
+    """The forward attention node of a graph calling the op directly (SDPA itself decomposes dropout;
+    eager for_cpu rejects it, so trace with fake tensors)."""
+    inputs = make_inputs(case)
+
+    def fn(query, key, value):
+        return FORWARD(query, key, value, dropout_p, case.causal, scale=case.scale)
+
+    gm = make_fx(fn, tracing_mode="fake")(inputs["query"], inputs["key"], inputs["value"])
+    return next(n for n in gm.graph.nodes if n.target is FORWARD)
+
+
+def test_flops_count_the_computed_scores():
+    """QK^T and PV over every (query, key) pair visited; causal skips the chunks above the diagonal."""
+    full = LOWERINGS[FORWARD](_forward_node(Case(q_len=256, kv_len=256, head_dim=64)))
+    causal = LOWERINGS[FORWARD](_forward_node(Case(q_len=256, kv_len=256, head_dim=64, causal=True)))
+    heads = 2
+    assert full.flops == 2 * 2 * 64 * 256 * 256 * heads
+    assert causal.flops == 2 * 2 * 64 * (128 * 128 + 128 * 256) * heads
+
+
+def test_flops_match_the_traced_matmuls():
+    """Without causal / mask helpers every traced matmul FLOP is a QK^T or PV FLOP."""
+    case = Case(q_len=200, kv_len=300, head_dim=64)
+    graphs = capture_graphs(attention(case), make_inputs(case), torch.randn(1, 2, 200, 64))
+    with sim.trace() as t:
+        _, spec = run_kernel(*graphs["fw"], FORWARD)
+    assert t.estimate("trn2").matmul_flops == spec.flops
+
+
+def test_causal_forward_skips_masked_tiles():
+    """Causal QK^T covers 10 of the 16 (query tile, key chunk) pairs of a 512 x 512 head: the
+    chunks above the diagonal are never computed."""
+    score_columns = []
+    for causal in (False, True):
+        case = Case(q_len=512, kv_len=512, head_dim=64, q_heads=1, kv_heads=1, causal=causal, dtype=torch.bfloat16)
+        graphs = capture_graphs(attention(case), make_inputs(case), torch.randn(1, 1, 512, 64).bfloat16())
+        with sim.trace() as t:
+            run_kernel(*graphs["fw"], FORWARD)
+        # QK^T is the only matmul contracting over the head dim (stationary Q^T [64, rows]).
+        score_columns.append(sum(ins.free_size for ins in t.instructions
+                                 if ins.op == "nc_matmul" and ins.operands[1].shape[0] == 64))
+    assert score_columns[1] / score_columns[0] == 10 / 16
+
+
+def test_dropout_falls_back_with_a_reason():
+    with pytest.raises(Unsupported, match="dropout > 0"):
+        LOWERINGS[FORWARD](_forward_node(Case(), dropout_p=0.1))
+
+
+def test_head_dim_above_128_falls_back():
+    with pytest.raises(Unsupported, match="head dim 256"):
+        LOWERINGS[FORWARD](_forward_node(Case(head_dim=256)))
+
+
+def test_default_scale_is_inverse_sqrt_head_dim():
+    spec = LOWERINGS[FORWARD](_forward_node(Case(head_dim=64)))
+    assert spec.params["scale"] == pytest.approx(1 / math.sqrt(64))
