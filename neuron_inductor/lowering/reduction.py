@@ -111,7 +111,7 @@ def plan_dims(shape, reduced: set[int], free_limit) -> tuple[str, list[Dim]]:
     else:
         f_group, p_group = groups[-1], groups[-2]
         layout = "free" if f_group[0] in reduced else "partition"
-    return layout, _walk(shape, reduced, p_group, f_group, free_limit(layout))
+    return layout, walk_dims(shape, reduced, p_group, f_group, free_limit(layout))
 
 
 def plan_copy(shape) -> list[Dim]:
@@ -119,7 +119,7 @@ def plan_copy(shape) -> list[Dim]:
     partitions (nothing is reduced)."""
     shape = [int(s) for s in shape]
     p_group, f_group = _split([d for d, s in enumerate(shape) if s > 1], shape)
-    return _walk(shape, set(), p_group, f_group, FREE_MAX)
+    return walk_dims(shape, set(), p_group, f_group, FREE_MAX)
 
 
 def _split(group: list[int], shape) -> tuple[list[int], list[int]]:
@@ -131,7 +131,9 @@ def _split(group: list[int], shape) -> tuple[list[int], list[int]]:
     return group[:split], group[split:]
 
 
-def _walk(shape, reduced, p_group, f_group, free_limit: int) -> list[Dim]:
+def walk_dims(shape, reduced, p_group, f_group, free_limit: int) -> list[Dim]:
+    """Box-tile `p_group` into <= 128 partitions and `f_group` into <= free_limit elements;
+    every other dim is walked one index at a time."""
     chunks = {d: 1 for d in range(len(shape))}
     chunks.update(_box(p_group, shape, PMAX))
     chunks.update(_box(f_group, shape, free_limit))

@@ -1,0 +1,122 @@
+"""Indexing kernels (embedding fwd / bwd, index_select, index, index_put, gather, scatter*) in the
+NKI interpreter against eager PyTorch.
+
+Gathers are exact (a one-hot matmul picks one fp32 / bf16 value); scatter-adds accumulate in fp32
+PSUM, so fp32 results match within rtol 1e-5 and bf16 results within one bf16 rounding of the
+fp32-accumulated reference (2e-2 relative).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.fx.experimental.proxy_tensor import make_fx
+
+from neuron_inductor.decompositions import neuron_decompositions
+from neuron_inductor.lowering.ir import Unsupported
+from neuron_inductor.lowering.registry import LOWERINGS
+
+from .test_reduction import assert_close, run_lowered
+
+aten = torch.ops.aten
+F = torch.nn.functional
+DTYPES = [torch.float32, torch.bfloat16]
+
+
+def ids_with_duplicates(vocab, shape):
+    ids = torch.randint(0, vocab, shape)
+    ids.view(-1)[: min(5, ids.numel())] = 3  # repeated rows must accumulate
+    return ids
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("vocab,width,ids_shape", [(50, 8, (2, 3)), (300, 70, (130,)), (129, 600, (3, 50)),
+                                                   (128, 1, (4,))], ids=str)
+def test_embedding(vocab, width, ids_shape, dtype):
+    weight = torch.randn(vocab, width, dtype=dtype)
+    ids = ids_with_duplicates(vocab, ids_shape)
+    (out,), (ref,), _ = run_lowered(lambda w, i: F.embedding(i, w), [weight, ids], aten.embedding.default)
+    assert torch.equal(out, ref)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_index_select_and_index(dtype):
+    x = torch.randn(200, 33, dtype=dtype)
+    ids = torch.tensor([5, 199, 0, 5, 130])
+    (out,), (ref,), _ = run_lowered(lambda t, i: torch.index_select(t, 0, i), [x, ids], aten.index_select.default)
+    assert torch.equal(out, ref)
+    (out,), (ref,), _ = run_lowered(lambda t, i: t[i], [x, ids], aten.index.Tensor)
+    assert torch.equal(out, ref)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("padding_idx", [-1, 0, 3])
+@pytest.mark.parametrize("vocab,width,ids_shape", [(50, 8, (2, 3)), (260, 520, (2, 130))], ids=str)
+def test_embedding_dense_backward(vocab, width, ids_shape, padding_idx, dtype):
+    grad = torch.randn(*ids_shape, width, dtype=dtype)
+    ids = ids_with_duplicates(vocab, ids_shape)
+    fn = lambda g, i: aten.embedding_dense_backward(g, i, vocab, padding_idx, False)  # noqa: E731
+    (out,), _, _ = run_lowered(fn, [grad, ids], aten.embedding_dense_backward.default)
+    reference = aten.embedding_dense_backward(grad.float(), ids, vocab, padding_idx, False).to(dtype)
+    assert_close(out, reference)
+
+
+def test_embedding_backward_of_an_expanded_grad():
+    """AOTAutograd hands the backward a stride-0 expanded gradient."""
+    grad, ids = torch.randn(1, 1, 16), torch.randint(0, 40, (3, 5))
+    fn = lambda g, i: aten.embedding_dense_backward(g.expand(3, 5, 16), i, 40, -1, False)  # noqa: E731
+    (out,), (ref,), inputs = run_lowered(fn, [grad, ids], aten.embedding_dense_backward.default)
+    assert inputs[0].stride()[0] == 0
+    assert_close(out, ref)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("accumulate", [True, False])
+def test_index_put(accumulate, dtype):
+    base = torch.randn(200, 40, dtype=dtype)
+    ids = torch.tensor([7, 150, 3, 199, 0]) if not accumulate else ids_with_duplicates(200, (3, 60))
+    values = torch.randn(*ids.shape, 40, dtype=dtype)
+    fn = lambda b, i, v: b.index_put([i], v, accumulate=accumulate)  # noqa: E731
+    (out,), _, _ = run_lowered(fn, [base, ids, values], aten.index_put.default)
+    reference = base.float().index_put([ids], values.float(), accumulate=accumulate).to(dtype)
+    assert_close(out, reference)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape,k", [((130, 50), 1), ((4, 3, 9000), 2), ((7, 1), 1)], ids=str)
+def test_gather_last_dim(shape, k, dtype):
+    x = torch.randn(shape, dtype=dtype)
+    index = torch.randint(0, shape[-1], (*shape[:-1], k))
+    (out,), (ref,), _ = run_lowered(lambda t, i: torch.gather(t, -1, i), [x, index], aten.gather.default)
+    assert torch.equal(out, ref)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape,k", [((130, 50), 1), ((3, 9000), 3)], ids=str)
+def test_scatter_value_src_and_add(shape, k, dtype):
+    x = torch.randn(shape, dtype=dtype)
+    index = torch.stack([torch.randperm(shape[-1])[:k] for _ in range(shape[0])])  # distinct per row
+    src = torch.randn(shape[0], k, dtype=dtype)
+    (out,), (ref,), _ = run_lowered(lambda t, i: t.scatter(-1, i, -1.0), [x, index], aten.scatter.value)
+    assert torch.equal(out, ref)
+    (out,), (ref,), _ = run_lowered(lambda t, i, s: t.scatter(-1, i, s), [x, index, src], aten.scatter.src)
+    assert torch.equal(out, ref)
+    dup = torch.zeros(shape[0], 4, dtype=torch.long)  # duplicates must accumulate
+    src4 = torch.randn(shape[0], 4, dtype=dtype)
+    (out,), _, _ = run_lowered(lambda t, i, s: t.scatter_add(-1, i, s), [x, dup, src4], aten.scatter_add.default)
+    assert_close(out, x.float().scatter_add(-1, dup, src4.float()).to(dtype))
+
+
+def test_cross_entropy_backward_scatter_of_a_constant_into_zeros():
+    logits, target = torch.randn(6, 30), torch.randint(0, 30, (6,))
+    fn = lambda t, y: torch.zeros_like(t).scatter(1, y.unsqueeze(1), -1.0)  # noqa: E731
+    (out,), (ref,), _ = run_lowered(fn, [logits, target], aten.scatter.value)
+    assert torch.equal(out, ref)
+
+
+def test_unsupported_cases_raise():
+    gm = make_fx(lambda t, i: torch.gather(t, 0, i), decomposition_table=neuron_decompositions())(
+        torch.randn(4, 5), torch.zeros(2, 5, dtype=torch.long))
+    node = next(n for n in gm.graph.nodes if n.target is aten.gather.default)
+    with pytest.raises(Unsupported, match="last"):
+        LOWERINGS[node.target](node)
