@@ -1,8 +1,14 @@
 """Run one AOTAutograd graph: pick the bucket, find or compile its program, run it.
 
 A `GraphRunner` is what the forward, backward or inference compiler returns to AOTAutograd. On
-each call it maps the real input sizes to a bucket signature, looks the program up (in this
-runner, then in the compile cache), compiles it on a miss, and runs it.
+each call it binds the graph's symbols to the real sizes, maps them to a bucket, looks the program
+up (in this runner, then in the compile cache's memory and disk tiers), compiles it on a miss, pads
+the inputs, runs the program and slices the outputs back to the real sizes.
+
+A symbolic graph is first made pad-safe (`passes.pad_safety`); if that is impossible it runs at
+exact shapes instead, and the warning names the op. Static graphs run as they are. Activations a
+forward graph saves for the backward stay padded (the backward graph runs at the same bucket and
+recognises them by shape); SymInts handed to the backward carry the real sizes.
 """
 
 from __future__ import annotations
@@ -10,14 +16,18 @@ from __future__ import annotations
 import hashlib
 import logging
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.fx as fx
 
 from . import bucketing, observe
+from .bucketing import Bucket, BucketPolicy, evaluate, shape_exprs, size_expr
+from .cache import base_key_parts, get_cache
 from .compiler import CompiledArtifact, KernelRuleViolation, Program, compile_static_graph, _kernel_nodes
 from .config import NeuronConfig
+from .passes.pad_safety import ExtraInput, make_pad_safe
 from .toolchain import select_toolchain
 
 log = logging.getLogger("neuron_inductor")
@@ -37,37 +47,176 @@ def graph_structure_hash(gm: fx.GraphModule, example_inputs: list) -> str:
     return digest.hexdigest()[:16]
 
 
+def _value_spec(value) -> Any:
+    """What the runtime needs to know about a graph input or output: its symbolic shape or value."""
+    if isinstance(value, torch.Tensor):
+        return shape_exprs(value)
+    if isinstance(value, (torch.SymInt, torch.SymFloat)):
+        return size_expr(value)
+    return None
+
+
+def _saved_outputs_start(kind: str, num_outputs: int) -> int:
+    """Outputs from this index on are saved for the backward (a forward graph's tail), not user-visible."""
+    if kind != "forward":
+        return num_outputs
+    tracing = torch._guards.TracingContext.try_get()
+    metadata = getattr(tracing, "fw_metadata", None) if tracing else None
+    return metadata.num_forward_returns if metadata is not None else num_outputs
+
+
+@dataclass(frozen=True)
+class CallPlan:
+    """How one call runs: padded to a bucket (through the pad-safe graph) or at exact shapes."""
+
+    mode: str  # "static" | "padded" | "exact"
+    bucket: Bucket | None
+
+    @property
+    def signature(self) -> tuple:
+        return (self.mode, self.bucket.signature if self.bucket else ())
+
+    @property
+    def label(self) -> str:
+        if self.bucket is None:
+            return "static"
+        sizes = ",".join(f"{name}={value}" for name, value in self.bucket.signature)
+        return sizes if self.mode == "padded" else f"exact {sizes}"
+
+
 class GraphRunner:
     def __init__(self, gm: fx.GraphModule, example_inputs: list, config: NeuronConfig, kind: str) -> None:
         self.gm = gm
         self.config = config
         self.kind = kind
+        self.policy = BucketPolicy.parse(config.buckets)
         self.symbolic = bucketing.has_symbolic_shapes(example_inputs)
         self.graph_hash = graph_structure_hash(gm, example_inputs)
         self.toolchain = select_toolchain(config.toolchain)
         self.programs: dict[tuple, Program] = {}
+        self.input_specs = [_value_spec(v) for v in example_inputs]
+        self.input_dtypes = [str(v.dtype) for v in example_inputs if isinstance(v, torch.Tensor)]
+        output_node = next(n for n in gm.graph.nodes if n.op == "output")
+        outputs = output_node.args[0] if isinstance(output_node.args[0], (list, tuple)) else [output_node.args[0]]
+        self.output_specs = [_value_spec(o.meta.get("val")) if isinstance(o, fx.Node) else None for o in outputs]
+        self.saved_from = _saved_outputs_start(kind, len(outputs))
+        placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+        self.mutated_inputs = sorted({placeholders.index(n.args[0]) for n in gm.graph.nodes
+                                      if n.target is torch.ops.aten.copy_.default and n.args[0] in placeholders})
+        self.symbols = bucketing.bucketed_symbols(example_inputs) if self.symbolic and self.policy.enabled else ()
+        self._pad_safe: tuple[fx.GraphModule, list[ExtraInput]] | None = None
+        self._pad_safety_checked = False
+        if config.raise_recompile_limit:
+            bucketing.raise_recompile_limit(self.policy)
+        bucketing.watch_recompile_limit()
         observe.on_graph_runner(self)
 
-    def _signature(self, args: list) -> tuple:
-        return tuple(tuple(a.shape) if isinstance(a, torch.Tensor) else a for a in args)
+    # -- planning ----------------------------------------------------------------------------
 
-    def _compile(self, args: list, signature: tuple) -> Program:
-        start = time.perf_counter()
-        static_gm = bucketing.specialize(self.gm, args) if self.symbolic else self.gm
-        constants = {name: getattr(static_gm, name) for name, _ in static_gm.named_buffers()}
-        constants.update({name: getattr(static_gm, name) for name, _ in static_gm.named_parameters()})
-        for node in static_gm.graph.nodes:
-            if node.op == "get_attr":
-                constants[node.target] = getattr(static_gm, node.target)
-        artifact, lowered = compile_static_graph(static_gm, self.config.fallback)
+    def pad_safe_graph(self) -> tuple[fx.GraphModule, list[ExtraInput]] | None:
+        """The pad-safe rewrite of the graph, or None when some op cannot be padded (warned once)."""
+        if not self._pad_safety_checked:
+            self._pad_safety_checked = True
+            graph, extra, report = make_pad_safe(self.gm, self.symbols)
+            self.pad_safety_report = report
+            if report.safe:
+                self._pad_safe = (graph, extra)
+                log.info("neuron_inductor: %s graph %s: pad-safety rewrote %d op(s): %s", self.kind,
+                         self.graph_hash, len(report.masked), "; ".join(report.masked) or "none needed")
+            else:
+                log.warning("neuron_inductor: %s graph %s runs UNPADDED (one kernel set per exact shape) because "
+                            "padding it could change results: %s", self.kind, self.graph_hash, "; ".join(report.unsafe))
+        return self._pad_safe
+
+    def plan(self, args: list) -> CallPlan:
+        if not self.symbolic:
+            return CallPlan("static", None)
+        real = bucketing.bind_symbols(self.input_specs, args)
+        if self.symbols and self.pad_safe_graph() is not None:
+            return CallPlan("padded", bucketing.choose_bucket(self.policy, self.symbols, real))
+        return CallPlan("exact", Bucket(real, real))
+
+    def graph_for(self, plan: CallPlan) -> fx.GraphModule:
+        return self._pad_safe[0] if plan.mode == "padded" else self.gm
+
+    def inputs_for(self, plan: CallPlan, args: list) -> list:
+        if plan.bucket is None:
+            return args
+        real, padded = plan.bucket.real, plan.bucket.padded
+        inputs = []
+        for spec, arg in zip(self.input_specs, args):
+            if isinstance(spec, tuple) and isinstance(arg, torch.Tensor):
+                inputs.append(bucketing.pad_tensor(arg, spec, real, padded))
+            elif spec is not None and not isinstance(spec, tuple):
+                inputs.append(evaluate(spec, padded))  # SymInt inputs size the padded graph
+            else:
+                inputs.append(arg)
+        if plan.mode == "padded":
+            inputs.extend(extra.value(real, padded) for extra in self._pad_safe[1])
+        return inputs
+
+    def finish(self, plan: CallPlan, outputs, args: list, inputs: list) -> list:
+        """Slice user-visible outputs to the real sizes; SymInt outputs get the real values."""
+        if plan.bucket is None:
+            return outputs
+        real, padded = plan.bucket.real, plan.bucket.padded
+        for index in self.mutated_inputs:
+            if inputs[index] is not args[index]:
+                args[index].copy_(bucketing.slice_tensor(inputs[index], self.input_specs[index], real, padded))
+        finished = list(outputs)
+        for index, (spec, value) in enumerate(zip(self.output_specs, finished)):
+            if spec is None:
+                continue
+            if not isinstance(spec, tuple):
+                finished[index] = evaluate(spec, real)
+            elif index < self.saved_from and isinstance(value, torch.Tensor):
+                finished[index] = bucketing.slice_tensor(value, spec, real, padded)
+        return finished
+
+    # -- compiling ---------------------------------------------------------------------------
+
+    def key_parts(self, plan: CallPlan) -> dict[str, Any]:
+        return {**base_key_parts(self.config), "graph": self.graph_hash, "kind": self.kind, "mode": plan.mode,
+                "bucket": [list(item) for item in plan.bucket.signature] if plan.bucket else [],
+                "dtypes": self.input_dtypes}
+
+    def _static_gm(self, plan: CallPlan, inputs: list) -> fx.GraphModule:
+        return bucketing.specialize(self.graph_for(plan), inputs) if plan.bucket is not None else self.gm
+
+    def _load_program(self, artifact: CompiledArtifact, static_gm: fx.GraphModule | None) -> Program:
+        constants = {}
+        if artifact.constants:
+            constants = {name: getattr(static_gm, name) for name in artifact.constants}
         program = Program(artifact, self.toolchain, constants, self.config.target)
         program.static_gm = static_gm
+        program.lowered = None
+        return program
+
+    def _compile(self, plan: CallPlan, inputs: list) -> Program:
+        start = time.perf_counter()
+        static_gm = self._static_gm(plan, inputs)
+        artifact, lowered = compile_static_graph(static_gm, self.config.fallback)
+        program = self._load_program(artifact, static_gm)
         program.lowered = lowered
         artifact.meta["compile_seconds"] = time.perf_counter() - start
+        artifact.meta["bucket"] = plan.label
         self._report_fallbacks(artifact)
-        COMPILED_PROGRAMS.append({"graph": self.graph_hash, "kind": self.kind, "signature": repr(signature),
-                                  "artifact": artifact})
-        observe.on_program_compiled(self, program, signature, args)
+        return program
+
+    def program_for(self, plan: CallPlan, inputs: list, args: list) -> Program:
+        program = self.programs.get(plan.signature)
+        if program is not None:
+            return program
+        cache = get_cache(self.config.cache_dir)
+        artifact, program, source = cache.get_or_compile(
+            self.key_parts(plan), plan.label, lambda: (lambda p: (p.artifact, p))(self._compile(plan, inputs)))
+        if program is None:
+            static_gm = self._static_gm(plan, inputs) if artifact.constants else None
+            program = self._load_program(artifact, static_gm)
+        self.programs[plan.signature] = program
+        COMPILED_PROGRAMS.append({"graph": self.graph_hash, "kind": self.kind, "signature": plan.label,
+                                  "source": source, "artifact": artifact})
+        observe.on_program_compiled(self, program, plan.signature, args)
         return program
 
     def _report_fallbacks(self, artifact: CompiledArtifact) -> None:
@@ -75,28 +224,43 @@ class GraphRunner:
             for fallback in artifact.meta["fallbacks"]:
                 log.warning("neuron_inductor: %s runs eagerly on the host (%s)", fallback["op"], fallback["reason"])
 
-    def _recompile_without(self, program: Program, violation: KernelRuleViolation, args: list) -> Program:
+    def _recompile_without(self, program: Program, violation: KernelRuleViolation, plan: CallPlan,
+                           inputs: list) -> Program:
         """A kernel broke a hardware rule: run its ops on the host instead (or raise in error mode)."""
         if self.config.fallback == "error":
             raise violation
         log.error("neuron_inductor: %s; its ops run eagerly on the host instead", violation)
-        spec = next(s for s in program.lowered.kernels if s.name == violation.kernel)
+        static_gm = program.static_gm if program.static_gm is not None else self._static_gm(plan, inputs)
+        lowered = program.lowered
+        if lowered is None:  # loaded from the cache: lower again to find the kernel's nodes
+            _, lowered = compile_static_graph(static_gm, self.config.fallback)
+        spec = next(s for s in lowered.kernels if s.name == violation.kernel)
         reason = f"generated kernel {violation.kernel} broke a hardware rule: {violation.error}"
         force = {node: reason for node in _kernel_nodes(spec)}
-        artifact, lowered = compile_static_graph(program.static_gm, self.config.fallback, force)
-        fixed = Program(artifact, self.toolchain, program._constants, self.config.target)
-        fixed.static_gm, fixed.lowered = program.static_gm, lowered
+        artifact, lowered = compile_static_graph(static_gm, self.config.fallback, force)
+        artifact.meta["bucket"] = plan.label
+        fixed = self._load_program(artifact, static_gm)
+        fixed.lowered = lowered
+        get_cache(self.config.cache_dir).replace(self.key_parts(plan), artifact)
         return fixed
+
+    # -- calling -----------------------------------------------------------------------------
 
     def __call__(self, args: list) -> Any:
         args, boxed = list(args), args
         boxed.clear()  # AOTAutograd's boxed convention: the callee frees its inputs
-        signature = self._signature(args)
-        program = self.programs.get(signature)
-        if program is None:
-            program = self.programs[signature] = self._compile(args, signature)
-        while True:
-            try:
-                return observe.on_run(self, program, args, lambda: program(args))
-            except KernelRuleViolation as violation:
-                program = self.programs[signature] = self._recompile_without(program, violation)
+        plan = self.plan(args)
+        inputs = self.inputs_for(plan, args)
+        program = self.program_for(plan, inputs, args)
+
+        def execute() -> list:
+            nonlocal program
+            while True:
+                try:
+                    outputs = program(inputs)
+                    break
+                except KernelRuleViolation as violation:
+                    program = self.programs[plan.signature] = self._recompile_without(program, violation, plan, inputs)
+            return self.finish(plan, outputs, args, inputs)
+
+        return observe.on_run(self, program, args, execute)

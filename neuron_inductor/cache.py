@@ -1,0 +1,323 @@
+"""The compile cache: a memory tier and a disk tier of `CompiledArtifact`s, keyed by shape signature.
+
+Key = sha256 over the key *parts* (kept next to each entry so a miss can be explained): graph
+structure hash, graph kind, bucket signature, padding mode, input dtypes, config hash, template
+source hashes, a hash of the package's own Python source, and package / torch versions.
+
+Disk entries live in `NEURON_INDUCTOR_CACHE_DIR` (default `$XDG_CACHE_HOME/neuron_inductor` or
+`~/.cache/neuron_inductor`), one file per key: a JSON header line (format, key parts, sha256 and
+length of the body) and the JSON body (kernel sources, wrapper source, constant names, meta).
+Writes go to a temp file in the same folder and are renamed into place (atomic on POSIX). A
+per-key `fcntl.flock` lock file (Linux / POSIX only) lets concurrent processes — e.g. torchrun
+ranks — compile a key once: take the lock, look again, compile, write, release. A truncated or
+corrupt entry is reported, deleted and rebuilt; it is never trusted. If the folder cannot be
+written, the cache warns once and keeps working in memory only.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import fcntl
+import functools
+import hashlib
+import json
+import logging
+import os
+import tempfile
+import warnings
+from pathlib import Path
+from typing import Any, Iterator
+
+import torch
+
+from . import __version__
+from .compiler import CompiledArtifact
+
+log = logging.getLogger("neuron_inductor")
+
+FORMAT = 1
+SUFFIX = ".nicache"
+
+
+class CorruptEntry(Exception):
+    """A disk entry failed its checks (truncated, bad checksum, bad JSON, wrong key)."""
+
+
+def default_cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "neuron_inductor"
+
+
+@functools.lru_cache(maxsize=None)
+def package_source_hash() -> str:
+    """Hash of the package's Python source: a changed lowering must not hit stale entries."""
+    root = Path(__file__).resolve().parent
+    digest = hashlib.sha256()
+    for path in sorted(root.rglob("*.py")):
+        if "sim" in path.relative_to(root).parts[:1]:
+            continue  # the interpreter runs kernels; it does not shape what is generated
+        digest.update(str(path.relative_to(root)).encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def key_of(parts: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:32]
+
+
+def _artifact_to_json(artifact: CompiledArtifact) -> str:
+    return json.dumps({"kernel_sources": artifact.kernel_sources, "wrapper_source": artifact.wrapper_source,
+                       "constants": artifact.constants, "meta": artifact.meta}, sort_keys=True)
+
+
+def _artifact_from_json(text: str) -> CompiledArtifact:
+    body = json.loads(text)
+    return CompiledArtifact(body["kernel_sources"], body["wrapper_source"], body["constants"], body["meta"])
+
+
+class _Stats:
+    def __init__(self) -> None:
+        self.counts = collections.Counter()
+        self.per_bucket: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
+        self.compile_seconds = 0.0
+        self.recent_misses: collections.deque = collections.deque(maxlen=32)
+
+    def count(self, event: str, bucket: str) -> None:
+        self.counts[event] += 1
+        self.per_bucket[bucket][event] += 1
+
+    def as_dict(self) -> dict[str, Any]:
+        result = {name: self.counts.get(name, 0) for name in ("compiles", "memory_hits", "disk_hits", "misses",
+                                                               "corrupt", "disk_errors")}
+        result["compile_seconds"] = self.compile_seconds
+        result["per_bucket"] = {bucket: dict(counter) for bucket, counter in sorted(self.per_bucket.items())}
+        return result
+
+
+class CompileCache:
+    """Process-wide cache of compiled artifacts for one cache folder."""
+
+    def __init__(self, folder: Path | None) -> None:
+        self.memory: dict[str, tuple[dict, CompiledArtifact]] = {}
+        self.stats = _Stats()
+        self.folder = self._usable(folder) if folder is not None else None
+
+    def _usable(self, folder: Path) -> Path | None:
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            probe = tempfile.NamedTemporaryFile(dir=folder, prefix=".probe", delete=True)
+            probe.close()
+            return folder
+        except OSError as exc:
+            warnings.warn(f"neuron_inductor: cache folder {folder} is not writable ({exc}); compiled kernels are "
+                          "cached in memory only for this process. Set NEURON_INDUCTOR_CACHE_DIR to a writable "
+                          "folder.", RuntimeWarning, stacklevel=3)
+            return None
+
+    # -- disk --------------------------------------------------------------------------------
+
+    def path(self, key: str) -> Path:
+        assert self.folder is not None
+        return self.folder / key[:2] / f"{key}{SUFFIX}"
+
+    def _read(self, key: str, parts: dict) -> CompiledArtifact | None:
+        path = self.path(key)
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise CorruptEntry(f"unreadable: {exc}") from exc
+        header_line, _, body = data.partition(b"\n")
+        try:
+            header = json.loads(header_line)
+        except ValueError as exc:
+            raise CorruptEntry("bad header") from exc
+        if not isinstance(header, dict) or header.get("format") != FORMAT:
+            raise CorruptEntry("unknown format")
+        if header.get("length") != len(body):
+            raise CorruptEntry(f"truncated: body has {len(body)} bytes, header says {header.get('length')}")
+        if header.get("sha256") != hashlib.sha256(body).hexdigest():
+            raise CorruptEntry("checksum mismatch")
+        if header.get("parts") != json.loads(json.dumps(parts)):
+            raise CorruptEntry("key parts differ from the file's own record")
+        try:
+            return _artifact_from_json(body.decode())
+        except (ValueError, KeyError, UnicodeDecodeError) as exc:
+            raise CorruptEntry(f"bad body: {exc}") from exc
+
+    def _write(self, key: str, parts: dict, artifact: CompiledArtifact) -> None:
+        try:
+            body = _artifact_to_json(artifact).encode()
+        except (TypeError, ValueError) as exc:
+            log.warning("neuron_inductor: artifact for key %s is not JSON-able (%s); kept in memory only", key, exc)
+            return
+        header = json.dumps({"format": FORMAT, "parts": parts, "length": len(body),
+                             "sha256": hashlib.sha256(body).hexdigest()}, sort_keys=True).encode()
+        path = self.path(key)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with tempfile.NamedTemporaryFile(dir=path.parent, prefix=f".{key}.", delete=False) as tmp:
+                tmp.write(header + b"\n" + body)
+                tmp.flush()
+                os.fsync(tmp.fileno())
+            os.replace(tmp.name, path)
+        except OSError as exc:
+            self.stats.counts["disk_errors"] += 1
+            log.warning("neuron_inductor: could not write cache entry %s (%s)", path, exc)
+            with contextlib.suppress(OSError, UnboundLocalError):
+                os.unlink(tmp.name)
+
+    @contextlib.contextmanager
+    def _locked(self, key: str) -> Iterator[None]:
+        if self.folder is None:
+            yield
+            return
+        lock_path = self.path(key).with_suffix(".lock")
+        try:
+            lock_path.parent.mkdir(parents=True, exist_ok=True)
+            handle = open(lock_path, "a+")
+        except OSError:
+            yield  # no lock possible: worst case two processes compile the same key
+            return
+        with handle:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+
+    def _load_disk(self, key: str, parts: dict) -> CompiledArtifact | None:
+        if self.folder is None:
+            return None
+        try:
+            return self._read(key, parts)
+        except CorruptEntry as exc:
+            self.stats.counts["corrupt"] += 1
+            warnings.warn(f"neuron_inductor: cache entry {self.path(key)} is corrupt ({exc}); it is discarded and "
+                          "rebuilt.", RuntimeWarning, stacklevel=4)
+            with contextlib.suppress(OSError):
+                self.path(key).unlink()
+            return None
+
+    # -- public --------------------------------------------------------------------------------
+
+    def get_or_compile(self, parts: dict, bucket: str, compile_fn) -> tuple[CompiledArtifact, Any, str]:
+        """The artifact for `parts`: from memory, from disk, or from `compile_fn()`.
+
+        `compile_fn()` returns `(artifact, extra)`; `extra` (e.g. the loaded program) is handed
+        back on a compile so the caller does not load it twice. Returns (artifact, extra or None,
+        source) where source is "memory", "disk" or "compiled".
+        """
+        key = key_of(parts)
+        if key in self.memory:
+            self.stats.count("memory_hits", bucket)
+            return self.memory[key][1], None, "memory"
+        with self._locked(key):
+            artifact = self._load_disk(key, parts)
+            if artifact is not None:
+                self.stats.count("disk_hits", bucket)
+                self.memory[key] = (parts, artifact)
+                return artifact, None, "disk"
+            self.stats.count("misses", bucket)
+            self.stats.recent_misses.append({"key": key, "parts": parts})
+            artifact, extra = compile_fn()
+            self.stats.count("compiles", bucket)
+            self.stats.compile_seconds += float(artifact.meta.get("compile_seconds", 0.0))
+            self.memory[key] = (parts, artifact)
+            if self.folder is not None:
+                self._write(key, parts, artifact)
+        return artifact, extra, "compiled"
+
+    def replace(self, parts: dict, artifact: CompiledArtifact) -> None:
+        """Overwrite an entry (a kernel broke a hardware rule on its first run and was re-lowered)."""
+        key = key_of(parts)
+        self.memory[key] = (parts, artifact)
+        if self.folder is not None:
+            with self._locked(key):
+                self._write(key, parts, artifact)
+
+    def entries(self) -> list[dict[str, Any]]:
+        """Every entry (memory and disk) with its key parts: what `cache explain` compares against."""
+        found = {key: {"key": key, "parts": parts, "where": "memory"} for key, (parts, _) in self.memory.items()}
+        if self.folder is not None:
+            for path in sorted(self.folder.glob(f"*/*{SUFFIX}")):
+                key = path.name.removesuffix(SUFFIX)
+                try:
+                    header = json.loads(path.read_bytes().partition(b"\n")[0])
+                    found.setdefault(key, {"key": key, "parts": header["parts"], "where": "disk"})
+                except (OSError, ValueError, KeyError, TypeError):
+                    found.setdefault(key, {"key": key, "parts": None, "where": "disk (corrupt header)"})
+        return list(found.values())
+
+    def load(self, key: str) -> CompiledArtifact | None:
+        if key in self.memory:
+            return self.memory[key][1]
+        if self.folder is None:
+            return None
+        entry = next((e for e in self.entries() if e["key"] == key), None)
+        if entry is None or entry["parts"] is None:
+            return None
+        return self._load_disk(key, entry["parts"])
+
+    def clear(self) -> None:
+        """Remove every entry, in memory and on disk."""
+        self.memory.clear()
+        if self.folder is not None:
+            for path in list(self.folder.glob(f"*/*{SUFFIX}")) + list(self.folder.glob("*/*.lock")):
+                with contextlib.suppress(OSError):
+                    path.unlink()
+
+
+_caches: dict[str | None, CompileCache] = {}
+
+
+def get_cache(cache_dir: str | None) -> CompileCache:
+    """The process-wide cache for a folder (`None`: the default folder)."""
+    if cache_dir not in _caches:
+        _caches[cache_dir] = CompileCache(Path(cache_dir) if cache_dir else default_cache_dir())
+    return _caches[cache_dir]
+
+
+def cache_stats() -> dict[str, Any]:
+    """Counters summed over every cache folder used in this process: compiles, memory_hits, disk_hits,
+    misses, corrupt entries, compile seconds, and per-bucket counts."""
+    total: dict[str, Any] = {}
+    for cache in _caches.values():
+        for name, value in cache.stats.as_dict().items():
+            if name == "per_bucket":
+                merged = total.setdefault("per_bucket", {})
+                for bucket, counts in value.items():
+                    merged.setdefault(bucket, collections.Counter()).update(counts)
+            else:
+                total[name] = total.get(name, 0) + value
+    total.setdefault("per_bucket", {})
+    total["per_bucket"] = {bucket: dict(counts) for bucket, counts in total["per_bucket"].items()}
+    for name in ("compiles", "memory_hits", "disk_hits", "misses", "corrupt", "disk_errors", "compile_seconds"):
+        total.setdefault(name, 0)
+    return total
+
+
+def recent_misses() -> list[dict[str, Any]]:
+    """The latest misses with their key parts (newest last)."""
+    return [miss for cache in _caches.values() for miss in cache.stats.recent_misses]
+
+
+def reset_stats() -> None:
+    for cache in _caches.values():
+        cache.stats = _Stats()
+
+
+def base_key_parts(config) -> dict[str, Any]:
+    """The key parts that do not depend on the graph: config, templates, code and versions."""
+    from .codegen.render import all_template_hashes
+
+    templates = all_template_hashes()
+    return {
+        "config": config.cache_hash(),
+        "templates": hashlib.sha256(json.dumps(templates, sort_keys=True).encode()).hexdigest()[:16],
+        "code": package_source_hash(),
+        "neuron_inductor": __version__,
+        "torch": torch.__version__,
+    }

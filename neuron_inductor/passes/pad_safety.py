@@ -1,0 +1,611 @@
+"""Pad safety: rewrite a symbolic ATen graph so that padding its bucketed dims cannot change results.
+
+Padded positions hold arbitrary values (graph inputs are zero-padded, but anything computed from
+them may be anything, inf and NaN included). Every op that moves data from padded positions into
+real ones is rewritten with ordinary ATen ops, which the kernel families compile like any others:
+
+- reductions over a padded dim (sum, prod, amax/amin, argmax/argmin, logsumexp, any/all, softmax,
+  log_softmax and their backwards, cumulative ops across a merged dim): the input goes through
+  `where(valid, x, neutral)`; mean / var / std divide by the real count;
+- contractions over a padded dim (mm, addmm, bmm, baddbmm): BOTH operands are masked to zero;
+- attention over a padded key dim: causal attention is safe for real queries (keys past a real
+  query are never visible); every operand is masked to zero so padded rows stay finite, and
+  non-causal attention gets a key mask;
+- scatters whose sources include padded positions (embedding backward, index_put with
+  accumulate, scatter_add / scatter_reduce, index_add): the sources are masked to the neutral value;
+- losses with ignore_index (nll_loss forward / backward): padded targets become ignore_index, so a
+  mean reduction divides by the real count;
+- indices that refer to the end of a padded dim (select(-1), slices with a negative or symbolic
+  start, SymInt values used as numbers) use the real extent.
+
+The masks and real extents come from extra graph inputs the runtime fills per call (`ExtraInput`):
+`valid` (a bool vector over one padded factor, true on its real prefix) and `extent` (a 0-d int32
+holding a symbol's real value). An op the pass cannot make safe makes the whole graph run unpadded
+(exact shapes), and `PadSafetyReport.unsafe` says which op and why.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+from dataclasses import dataclass, field
+
+import sympy
+import torch
+import torch.fx as fx
+
+from ..bucketing import evaluate, size_expr
+from ..lowering.registry import VIEW_OPS
+from .padded_layout import (
+    RESHAPES, SAME_AS_FIRST, UNKNOWN, MultiLayout, analyse, is_padded_expr, reduced_dims, tensor_inputs, tensor_val,
+)
+
+aten = torch.ops.aten
+
+
+class Unsafe(Exception):
+    """An op whose padded inputs this pass cannot neutralise."""
+
+
+@dataclass(frozen=True)
+class ExtraInput:
+    """An input appended to the rewritten graph, computed by the runtime from the real sizes."""
+
+    kind: str  # "valid": bool [bucket(expr)], true below real(expr); "extent": int32 0-d, real(expr)
+    expr: sympy.Expr
+
+    def value(self, real: dict, padded: dict) -> torch.Tensor:
+        if self.kind == "extent":
+            return torch.tensor(evaluate(self.expr, real), dtype=torch.int32)
+        return torch.arange(evaluate(self.expr, padded)) < evaluate(self.expr, real)
+
+    def example(self, padded: dict) -> torch.Tensor:
+        """A value of the right shape for specialising the graph to a bucket."""
+        return self.value(padded, padded)
+
+
+@dataclass
+class PadSafetyReport:
+    masked: list[str] = field(default_factory=list)  # "op: what was done"
+    unsafe: list[str] = field(default_factory=list)  # "op: why it cannot be padded"
+
+    @property
+    def safe(self) -> bool:
+        return not self.unsafe
+
+
+def _op(node: fx.Node) -> str:
+    target = node.target
+    return str(target).removeprefix("aten.") if isinstance(target, torch._ops.OpOverload) else getattr(
+        target, "__name__", str(target))
+
+
+def _neutral(kind: str, dtype: torch.dtype):
+    if dtype == torch.bool:
+        return kind in ("one", "max")
+    if kind in ("zero", "one"):
+        return 0 if kind == "zero" else 1
+    if dtype.is_floating_point:
+        return -math.inf if kind == "min" else math.inf
+    info = torch.iinfo(dtype)
+    return info.min if kind == "min" else info.max
+
+
+# Ops that never move data across positions of a padded dim (besides pointwise-tagged ops).
+ROW_LOCAL = SAME_AS_FIRST | RESHAPES | VIEW_OPS | {
+    aten.embedding.default, aten.index_select.default, aten.gather.default, aten.where.self,
+    aten.full.default, aten.full_like.default, aten.zeros_like.default, aten.ones_like.default,
+    aten.empty_like.default, aten.new_zeros.default, aten.new_full.default, aten.new_empty.default,
+    aten.empty.memory_format, aten.zeros.default, aten.ones.default, aten.arange.start_step,
+    aten.arange.default, aten.arange.start, aten.scalar_tensor.default, aten.expand.default,
+    aten.cat.default, aten.sym_size.int, aten.scatter.value, aten.scatter.src, aten.index.Tensor,
+    aten._assert_scalar.default, aten.sym_constrain_range_for_size.default,
+}
+
+SUM_LIKE = {aten.sum.default: "zero", aten.sum.dim_IntList: "zero", aten.any.default: "zero",
+            aten.any.dim: "zero", aten.any.dims: "zero", aten.prod.default: "one", aten.prod.dim_int: "one",
+            aten.all.default: "one", aten.all.dim: "one", aten.amax.default: "min", aten.amin.default: "max",
+            aten.argmax.default: "min", aten.argmin.default: "max", aten.logsumexp.default: "min"}
+CONTRACTIONS = {  # op -> ((arg index, contracted dim), ...)
+    aten.mm.default: ((0, 1), (1, 0)), aten.addmm.default: ((1, 1), (2, 0)),
+    aten.bmm.default: ((0, 2), (1, 1)), aten.baddbmm.default: ((1, 2), (2, 1)),
+}
+CUMULATIVE = {aten.cumsum.default: "zero", aten.cumprod.default: "one", aten.logcumsumexp.default: "min"}
+ATTENTION = aten._scaled_dot_product_flash_attention_for_cpu.default
+ATTENTION_BACKWARD = aten._scaled_dot_product_flash_attention_for_cpu_backward.default
+NLL_LOSSES = {  # op -> (log-probs arg, target arg, ignore_index arg)
+    aten.nll_loss_forward.default: (0, 1, 4), aten.nll_loss2d_forward.default: (0, 1, 4),
+    aten.nll_loss_backward.default: (1, 2, 5), aten.nll_loss2d_backward.default: (1, 2, 5),
+}
+NEVER_PADDED = {  # op -> why padding along its data dims cannot be neutralised here
+    aten.flip.default: "reverses a padded dim", aten.roll.default: "rotates a padded dim",
+    aten.sort.default: "sorts along a padded dim", aten.topk.default: "selects along a padded dim",
+    aten.native_layer_norm.default: "normalises over a padded dim",
+    aten.native_layer_norm_backward.default: "normalises over a padded dim",
+    aten._fused_rms_norm.default: "normalises over a padded dim",
+    aten.native_group_norm.default: "normalises over a padded dim",
+    aten.native_batch_norm.default: "normalises over a padded dim",
+    aten._native_batch_norm_legit_functional.default: "normalises over a padded dim",
+    aten.constant_pad_nd.default: "pads a padded dim",
+    aten.cummax.default: "returns indices across a merged padded dim",
+    aten.cummin.default: "returns indices across a merged padded dim",
+}
+
+
+class _Rewriter:
+    def __init__(self, gm: fx.GraphModule, symbols: frozenset) -> None:
+        self.gm = gm
+        self.graph = gm.graph
+        self.symbols = symbols
+        self.layouts = analyse(gm, symbols)
+        self.report = PadSafetyReport()
+        self.extra: dict[ExtraInput, fx.Node] = {}
+        self.memo: dict[tuple, fx.Node] = {}
+        placeholders = [n for n in self.graph.nodes if n.op == "placeholder"]
+        self.last_placeholder = placeholders[-1] if placeholders else None
+        self.prologue_end = self.last_placeholder
+
+    # -- building blocks ---------------------------------------------------------------------
+
+    def _extra(self, kind: str, expr: sympy.Expr) -> fx.Node:
+        key = ExtraInput(kind, expr)
+        if key not in self.extra:
+            anchor = self.last_placeholder
+            with self.graph.inserting_after(anchor) if anchor else self.graph.inserting_before(None):
+                node = self.graph.placeholder(f"pad_{kind}_{len(self.extra)}")
+            if self.prologue_end is self.last_placeholder:
+                self.prologue_end = node
+            self.last_placeholder = node
+            self.extra[key] = node
+        return self.extra[key]
+
+    def _prologue(self, key: tuple, target, *args, **kwargs) -> fx.Node:
+        """A node that only depends on the extra inputs, placed once right after the placeholders."""
+        if key not in self.memo:
+            with self.graph.inserting_after(self.prologue_end):
+                self.memo[key] = self.prologue_end = self.graph.call_function(target, args, kwargs)
+        return self.memo[key]
+
+    def real_scalar(self, expr: sympy.Expr):
+        """The real value of a size expression: an int, or a 0-d int32 node built from extents."""
+        expr = sympy.sympify(expr)
+        if expr.is_Integer:
+            return int(expr)
+        if isinstance(expr, sympy.Symbol):
+            return self._extra("extent", expr)
+        if isinstance(expr, (sympy.Add, sympy.Mul)):
+            combine = aten.add.Tensor if isinstance(expr, sympy.Add) else aten.mul.Tensor
+            terms = sorted(expr.args, key=lambda a: (not a.free_symbols, str(a)))
+            result = self.real_scalar(terms[0])
+            for term in terms[1:]:
+                result = self._prologue(("scalar", combine, result, term), combine, result, self.real_scalar(term))
+            return result
+        if type(expr).__name__ == "FloorDiv":
+            return self._prologue(("floordiv", expr), aten.div.Tensor_mode, self.real_scalar(expr.args[0]),
+                                  self.real_scalar(expr.args[1]), rounding_mode="floor")
+        raise Unsafe(f"size expression {expr} has no tensor form")
+
+    def _valid(self, factors: tuple) -> fx.Node:
+        """Bool vector over a padded dim with layout `factors`: true at real positions."""
+        if ("valid", factors) in self.memo:
+            return self.memo[("valid", factors)]
+        mask, rank = None, 0
+        leading = 1
+        for factor in factors:
+            if not is_padded_expr(factor, self.symbols):
+                if mask is None:
+                    leading *= int(factor)
+                else:
+                    mask = self._prologue(("expand", mask, factor), aten.expand.default,
+                                          self._prologue(("unsq", mask), aten.unsqueeze.default, mask, -1),
+                                          [-1] * rank + [int(factor)])
+                    rank += 1
+                continue
+            vector = self._extra("valid", factor)
+            if mask is None:
+                mask, rank = vector, 1
+                if leading > 1:
+                    mask = self._prologue(("expand", vector, leading), aten.expand.default,
+                                          self._prologue(("unsq0", vector), aten.unsqueeze.default, vector, 0),
+                                          [leading, -1])
+                    rank = 2
+            else:
+                mask = self._prologue(("and", mask, vector), aten.logical_and.default,
+                                      self._prologue(("unsq", mask), aten.unsqueeze.default, mask, -1), vector)
+                rank += 1
+        if rank > 1:
+            mask = self._prologue(("flat", mask), aten.reshape.default, mask, [-1])
+        self.memo[("valid", factors)] = mask
+        return mask
+
+    def dim_layout(self, node: fx.Node, dim: int):
+        layout = self.layouts.get(node)
+        val = tensor_val(node)
+        if layout is None or isinstance(layout, MultiLayout):
+            return None
+        return layout[dim % val.dim()] if val.dim() else None
+
+    def mask_for(self, node: fx.Node, dims) -> fx.Node | None:
+        """A bool mask broadcastable to `node`, true where every padded dim among `dims` is real."""
+        val = tensor_val(node)
+        rank = val.dim()
+        dims = range(rank) if dims is None else sorted({d % rank for d in dims})
+        mask = None
+        for dim in dims:
+            layout = self.dim_layout(node, dim)
+            if layout is None:
+                continue
+            if layout == UNKNOWN:
+                raise Unsafe(f"needs a mask over dim {dim}, whose padding layout is not known")
+            shape = [1] * rank
+            shape[dim] = -1
+            part = self._prologue(("dimmask", layout, tuple(shape)), aten.view.default, self._valid(layout), shape)
+            mask = part if mask is None else self._call(aten.logical_and.default, mask, part)
+        return mask
+
+    def _call(self, target, *args, **kwargs) -> fx.Node:
+        return self.graph.call_function(target, args, kwargs)
+
+    def masked(self, node: fx.Node, dims, kind: str) -> fx.Node:
+        """`where(real, node, neutral)` over the padded dims among `dims` (node itself if none)."""
+        mask = self.mask_for(node, dims)
+        if mask is None:
+            return node
+        val = tensor_val(node)
+        fill = self._call(aten.scalar_tensor.default, _neutral(kind, val.dtype), dtype=val.dtype)
+        return self._call(aten.where.self, mask, node, fill)
+
+    def padded_dims(self, node: fx.Node, dims=None) -> list[int]:
+        val = tensor_val(node)
+        if val is None or not val.dim():
+            return []
+        dims = range(val.dim()) if dims is None else {d % val.dim() for d in dims}
+        return [d for d in dims if is_padded_expr(size_expr(val.shape[d]), self.symbols)]
+
+    def note(self, node: fx.Node, what: str) -> None:
+        self.report.masked.append(f"{_op(node)}: {what}")
+
+    # -- rules -------------------------------------------------------------------------------
+
+    def run(self) -> None:
+        for node in list(self.graph.nodes):
+            if node.op != "call_function":
+                continue
+            try:
+                with self.graph.inserting_before(node):
+                    self.visit(node)
+            except Unsafe as exc:
+                self.report.unsafe.append(f"{_op(node)}: {exc}")
+
+    def visit(self, node: fx.Node) -> None:
+        target = node.target
+        self.fix_value_uses(node)
+        if target in (aten.mean.dim, aten.mean.default):
+            return self.mean(node)
+        if target in (aten.var.correction, aten.std.correction):
+            return self.variance(node)
+        if target in SUM_LIKE:
+            return self.reduction(node, SUM_LIKE[target])
+        if target in (aten._softmax.default, aten._log_softmax.default):
+            return self.mask_args(node, [(0, [node.args[1]], "min")], "padded logits -> -inf")
+        if target is aten._softmax_backward_data.default:
+            return self.mask_args(node, [(0, [node.args[2]], "zero"), (1, [node.args[2]], "zero")], "grad, out -> 0")
+        if target is aten._log_softmax_backward_data.default:
+            return self.mask_args(node, [(0, [node.args[2]], "zero")], "grad -> 0")
+        if target in CUMULATIVE:
+            dim = node.args[1]
+            layout = self.dim_layout(node.args[0], dim)
+            if layout is not None and (layout == UNKNOWN or len(layout) > 1):
+                return self.mask_args(node, [(0, [dim], CUMULATIVE[target])], "merged dim masked")
+            return None
+        if target in CONTRACTIONS:
+            return self.contraction(node)
+        if target in (ATTENTION, ATTENTION_BACKWARD):
+            return self.attention(node)
+        if target in NLL_LOSSES:
+            return self.nll_loss(node)
+        if target is aten.embedding_dense_backward.default:
+            grad = node.args[0]
+            return self.mask_args(node, [(0, range(tensor_val(grad).dim() - 1), "zero")], "grad of padded ids -> 0")
+        if target in (aten.index_put.default, aten.index_put_.default, aten._unsafe_index_put.default):
+            return self.index_put(node)
+        if target in (aten.scatter_add.default, aten.scatter_reduce.two):
+            return self.scatter_reduce(node)
+        if target in (aten.scatter.src, aten.scatter.value):
+            if node.args[1] in self.padded_dims(node.args[2]) or self.padded_dims(node.args[2], [node.args[1]]):
+                raise Unsafe("overwrites along a padded index dim")
+            return None
+        if target is aten.index_add.default:
+            return self.mask_args(node, [(3, [node.args[1]], "zero")], "padded source rows -> 0")
+        if target is aten.select.int:
+            return self.select(node)
+        if target is aten.slice.Tensor:
+            return self.slice(node)
+        if target in (aten.slice_scatter.default, aten.select_scatter.default):
+            return self.scatter_into_slice(node)
+        if target in NEVER_PADDED:
+            return self.check_untouched(node)
+        if target in (aten.split.Tensor, aten.split_with_sizes.default, aten.unbind.int):
+            dim = node.args[2] if len(node.args) > 2 else node.kwargs.get("dim", 0)
+            if target is aten.unbind.int:
+                dim = node.args[1] if len(node.args) > 1 else 0
+            if self.padded_dims(node.args[0], [dim]):
+                raise Unsafe("splits along a padded dim")
+            return None
+        if self.is_row_local(node):
+            return None
+        if any(self.padded_dims(arg) for arg in tensor_inputs(node)):
+            raise Unsafe("no pad-safety rule for this op and it reads padded data")
+        return None
+
+    def is_row_local(self, node: fx.Node) -> bool:
+        target = node.target
+        if not isinstance(target, torch._ops.OpOverload):
+            return True  # getitem and SymInt arithmetic
+        return target in ROW_LOCAL or torch.Tag.pointwise in target.tags
+
+    def check_untouched(self, node: fx.Node) -> None:
+        target = node.target
+        data_dims = {
+            aten.flip.default: lambda: node.args[1], aten.roll.default: lambda: node.args[2] if len(node.args) > 2 else None,
+            aten.sort.default: lambda: [node.args[1] if len(node.args) > 1 else -1],
+            aten.topk.default: lambda: [node.args[2] if len(node.args) > 2 else -1],
+            aten.native_layer_norm.default: lambda: range(-len(node.args[1]), 0),
+            aten.native_layer_norm_backward.default: lambda: range(-len(node.args[2]), 0),
+            aten._fused_rms_norm.default: lambda: range(-len(node.args[1]), 0),
+            aten.constant_pad_nd.default: lambda: range(-(len(node.args[1]) // 2), 0),
+            aten.cummax.default: lambda: [node.args[1]], aten.cummin.default: lambda: [node.args[1]],
+        }.get(target, lambda: None)()
+        arg = node.args[1] if target is aten.native_layer_norm_backward.default else node.args[0]
+        dims = self.padded_dims(arg, data_dims)
+        if target in (aten.cummax.default, aten.cummin.default):
+            dims = [d for d in dims if len(self.dim_layout(arg, d) or ()) != 1]
+        if target is aten.constant_pad_nd.default:
+            pads = node.args[1]
+            rank = tensor_val(arg).dim()
+            dims = [d for d in dims if pads[2 * (rank - 1 - d)] or pads[2 * (rank - 1 - d) + 1]]
+        if dims:
+            raise Unsafe(NEVER_PADDED[target])
+
+    def fix_value_uses(self, node: fx.Node) -> None:
+        """SymInts used as numbers (x * seq_len, scalar_tensor(seq_len)) take their real value."""
+        target = node.target
+        if not isinstance(target, torch._ops.OpOverload):
+            return
+        value_use = torch.Tag.pointwise in target.tags or target in (aten.scalar_tensor.default, aten.full.default)
+        for index, arg in enumerate(node.args):
+            if target is aten.full.default and index == 0:
+                continue
+            if not isinstance(arg, fx.Node) or not isinstance(arg.meta.get("val"), (torch.SymInt, torch.SymFloat)):
+                continue
+            expr = size_expr(arg.meta["val"])
+            if not is_padded_expr(expr, self.symbols):
+                continue
+            if not value_use:
+                continue
+            real = self.real_scalar(expr)
+            if target is aten.scalar_tensor.default:
+                dtype = node.kwargs.get("dtype") or torch.get_default_dtype()
+                node.replace_all_uses_with(self._call(aten._to_copy.default, real, dtype=dtype))
+                self.graph.erase_node(node)
+                self.note(node, "uses the real size")
+                return
+            if target is aten.full.default:
+                raise Unsafe("fills with a padded size")
+            tensor_overload = getattr(target.overloadpacket, "Tensor", None)
+            if tensor_overload is None:
+                raise Unsafe("uses a padded size as a number")
+            node.target = tensor_overload
+            node.update_arg(index, real)
+            self.note(node, "uses the real size")
+
+    def mask_args(self, node: fx.Node, specs, what: str) -> None:
+        changed = False
+        for index, dims, kind in specs:
+            arg = node.args[index]
+            new = self.masked(arg, dims, kind)
+            if new is not arg:
+                node.update_arg(index, new)
+                changed = True
+        if changed:
+            self.note(node, what)
+
+    def reduction(self, node: fx.Node, kind: str) -> None:
+        dims, _ = reduced_dims(node)
+        if node.target in (aten.argmax.default, aten.argmin.default) and dims is None and self.padded_dims(node.args[0]):
+            raise Unsafe("flattened argmax / argmin over a padded tensor")
+        self.mask_args(node, [(0, dims, kind)], f"padded elements -> {kind} neutral")
+
+    def _count(self, node: fx.Node, dims):
+        val = tensor_val(node)
+        dims = range(val.dim()) if dims is None else {d % val.dim() for d in dims}
+        return self.real_scalar(sympy.Mul(*[size_expr(val.shape[d]) for d in dims]))
+
+    def mean(self, node: fx.Node) -> None:
+        source = node.args[0]
+        dims, keepdim = reduced_dims(node)
+        if not self.padded_dims(source, dims):
+            return
+        dims_list = list(dims) if dims is not None else list(range(tensor_val(source).dim()))
+        total = self._call(aten.sum.dim_IntList, self.masked(source, dims, "zero"), dims_list, keepdim,
+                           dtype=node.kwargs.get("dtype"))
+        result = self._call(aten.div.Tensor, total, self._count(source, dims))
+        node.replace_all_uses_with(result)
+        self.graph.erase_node(node)
+        self.note(node, "sum of real elements / real count")
+
+    def variance(self, node: fx.Node) -> None:
+        source = node.args[0]
+        dims, keepdim = reduced_dims(node)
+        if not self.padded_dims(source, dims):
+            return
+        dims_list = list(dims) if dims is not None else list(range(tensor_val(source).dim()))
+        correction = node.kwargs.get("correction")
+        correction = 1 if correction is None else correction
+        count = self._count(source, dims)
+        mask = self.mask_for(source, dims)
+        zero = self._call(aten.scalar_tensor.default, 0.0, dtype=tensor_val(source).dtype)
+        total = self._call(aten.sum.dim_IntList, self._call(aten.where.self, mask, source, zero), dims_list, True)
+        centered = self._call(aten.sub.Tensor, source, self._call(aten.div.Tensor, total, count))
+        centered = self._call(aten.where.self, mask, centered, zero)
+        squares = self._call(aten.sum.dim_IntList, self._call(aten.mul.Tensor, centered, centered), dims_list, keepdim)
+        result = self._call(aten.div.Tensor, squares, self._call(aten.sub.Tensor, count, correction))
+        if node.target is aten.std.correction:
+            result = self._call(aten.sqrt.default, result)
+        node.replace_all_uses_with(result)
+        self.graph.erase_node(node)
+        self.note(node, "centred on the real mean, divided by the real count")
+
+    def contraction(self, node: fx.Node) -> None:
+        specs = CONTRACTIONS[node.target]
+        (a_index, a_dim), (b_index, b_dim) = specs
+        a, b = node.args[a_index], node.args[b_index]
+        if not self.padded_dims(a, [a_dim]):
+            return
+        layout_a, layout_b = self.dim_layout(a, a_dim), self.dim_layout(b, b_dim)
+        if UNKNOWN in (layout_a, layout_b):
+            # One operand's layout is enough: both index the same contracted positions.
+            known = layout_b if layout_a == UNKNOWN else layout_a
+            if known == UNKNOWN:
+                raise Unsafe("contracts a padded dim whose layout is not known")
+            for arg in (a, b):
+                self.layouts[arg] = tuple(known if i == (a_dim if arg is a else b_dim) % tensor_val(arg).dim() else l
+                                          for i, l in enumerate(self.layouts[arg]))
+        self.mask_args(node, [(a_index, [a_dim], "zero"), (b_index, [b_dim], "zero")],
+                       "both operands zeroed along the padded contraction dim")
+
+    def attention(self, node: fx.Node) -> None:
+        forward = node.target is ATTENTION
+        tensors = (0, 1, 2) if forward else (0, 1, 2, 3, 4)  # q, k, v (| grad_out, q, k, v, out)
+        query, key = (node.args[0], node.args[1]) if forward else (node.args[1], node.args[2])
+        causal_index = 4 if forward else 7
+        causal = len(node.args) > causal_index and bool(node.args[causal_index])
+        key_layout, query_layout = self.dim_layout(key, -2), self.dim_layout(query, -2)
+        if key_layout is None and query_layout is None:
+            return
+        if causal and query_layout != key_layout:
+            raise Unsafe("causal attention whose query and key lengths are padded differently")
+        if UNKNOWN in (key_layout, query_layout):
+            raise Unsafe("attention over a sequence dim whose padding layout is not known")
+        specs = [(i, [-2], "zero") for i in tensors]
+        if not forward:
+            specs.append((5, [-1], "zero"))  # logsumexp rows of padded queries
+        self.mask_args(node, specs, "padded rows -> 0" + ("" if causal else ", padded keys masked"))
+        if not causal and key_layout is not None:
+            self.key_mask(node, key)
+
+    def key_mask(self, node: fx.Node, key: fx.Node) -> None:
+        """Non-causal attention: padded keys get -inf scores through attn_mask."""
+        valid = self.mask_for(key, [-2])  # [..., Lk, 1]
+        valid = self._call(aten.transpose.int, valid, -1, -2)  # [..., 1, Lk]
+        existing = node.kwargs.get("attn_mask")
+        dtype = tensor_val(node.args[0] if node.target is ATTENTION else node.args[1]).dtype
+        if existing is None:
+            mask = self._call(aten.where.self, valid, self._call(aten.scalar_tensor.default, 0.0, dtype=dtype),
+                              self._call(aten.scalar_tensor.default, -math.inf, dtype=dtype))
+        elif tensor_val(existing).dtype == torch.bool:
+            mask = self._call(aten.logical_and.default, existing, valid)
+        else:
+            mask = self._call(aten.where.self, valid, existing,
+                              self._call(aten.scalar_tensor.default, -math.inf, dtype=tensor_val(existing).dtype))
+        node.update_kwarg("attn_mask", mask)
+
+    def nll_loss(self, node: fx.Node) -> None:
+        log_probs_position, target_position, ignore_index_position = NLL_LOSSES[node.target]
+        log_probs, target = node.args[log_probs_position], node.args[target_position]
+        if self.padded_dims(log_probs, [1]) and tensor_val(log_probs).dim() > 1:
+            raise Unsafe("the class dim is padded")
+        mask = self.mask_for(target, None)
+        if mask is None:
+            return
+        ignore = self._call(aten.scalar_tensor.default, node.args[ignore_index_position], dtype=tensor_val(target).dtype)
+        node.update_arg(target_position, self._call(aten.where.self, mask, target, ignore))
+        self.note(node, "padded targets -> ignore_index")
+
+    def index_put(self, node: fx.Node) -> None:
+        accumulate = len(node.args) > 3 and bool(node.args[3])
+        indices = [i for i in node.args[1] if isinstance(i, fx.Node)]
+        if not any(self.padded_dims(i) for i in indices) and not self.padded_dims(node.args[2]):
+            return
+        if not accumulate:
+            raise Unsafe("overwrites at padded index positions")
+        self.mask_args(node, [(2, None, "zero")], "padded values -> 0")
+
+    def scatter_reduce(self, node: fx.Node) -> None:
+        kind = "zero"
+        if node.target is aten.scatter_reduce.two:
+            kind = {"sum": "zero", "prod": "one", "amax": "min", "amin": "max"}.get(node.args[4])
+            if kind is None and self.padded_dims(node.args[2]):
+                raise Unsafe(f"scatter_reduce '{node.args[4]}' over padded sources")
+        self.mask_args(node, [(3, None, kind)], "padded sources -> neutral")
+
+    def select(self, node: fx.Node) -> None:
+        source, dim, index = node.args
+        layout = self.dim_layout(source, dim)
+        if layout is None:
+            return
+        index_expr = size_expr(index.meta["val"]) if isinstance(index, fx.Node) else sympy.Integer(index)
+        if index_expr.is_Integer and int(index_expr) >= 0:
+            return
+        if layout == UNKNOWN or len(layout) > 1:
+            raise Unsafe("indexes a merged padded dim from its end")
+        if index_expr.is_Integer:
+            index_expr = size_expr(tensor_val(source).shape[dim]) + index_expr
+        position = self.real_scalar(index_expr)
+        position = self._call(aten.view.default, position, [1])
+        picked = self._call(aten.index_select.default, source, dim, position)
+        result = self._call(aten.squeeze.dim, picked, dim)
+        node.replace_all_uses_with(result)
+        self.graph.erase_node(node)
+        self.note(node, "index counted from the real end")
+
+    def slice(self, node: fx.Node) -> None:
+        source, dim = node.args[0], node.args[1]
+        start = node.args[2] if len(node.args) > 2 else 0
+        step = node.args[4] if len(node.args) > 4 else 1
+        layout = self.dim_layout(source, dim)
+        if layout is None:
+            return
+        start_expr = size_expr(start.meta["val"]) if isinstance(start, fx.Node) else sympy.Integer(start or 0)
+        if start_expr.is_Integer and int(start_expr) >= 0:
+            if int(start_expr) and len(layout) > 1:
+                raise Unsafe("slices a merged padded dim at an offset")
+            return
+        out_size = size_expr(tensor_val(node).shape[dim])
+        if not out_size.is_Integer or layout == UNKNOWN or len(layout) > 1:
+            raise Unsafe("slice from the end of a padded dim with a padded length")
+        if start_expr.is_Integer:
+            start_expr = size_expr(tensor_val(source).shape[dim]) + start_expr
+        positions = self._call(aten.arange.start_step, 0, int(out_size) * step, step, dtype=torch.int32)
+        positions = self._call(aten.add.Tensor, positions, self.real_scalar(start_expr))
+        result = self._call(aten.index_select.default, source, dim, positions)
+        node.replace_all_uses_with(result)
+        self.graph.erase_node(node)
+        self.note(node, "start counted from the real end")
+
+    def scatter_into_slice(self, node: fx.Node) -> None:
+        base, dim = node.args[0], node.args[2]
+        layout = self.dim_layout(base, dim)
+        if layout is None:
+            return
+        position = node.args[3] if len(node.args) > 3 else 0
+        expr = size_expr(position.meta["val"]) if isinstance(position, fx.Node) else sympy.Integer(position or 0)
+        if not expr.is_Integer or int(expr) < 0 or (int(expr) and len(layout) > 1):
+            raise Unsafe("writes at a position counted from the end of a padded dim")
+
+
+def make_pad_safe(gm: fx.GraphModule, symbols) -> tuple[fx.GraphModule, list[ExtraInput], PadSafetyReport]:
+    """A rewritten copy of symbolic `gm` whose padded execution equals the unpadded one.
+
+    Returns the graph (with the `ExtraInput`s appended as placeholders, in order), the extra
+    inputs, and the report. When the report is not `safe` the graph must run unpadded.
+    """
+    graph = fx.Graph()
+    outputs = graph.graph_copy(gm.graph, {})
+    graph.output(outputs)
+    copy = fx.GraphModule(gm, graph)
+    rewriter = _Rewriter(copy, frozenset(symbols))
+    rewriter.run()
+    copy.graph.lint()
+    copy.recompile()
+    return copy, list(rewriter.extra), rewriter.report
