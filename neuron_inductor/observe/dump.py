@@ -33,6 +33,7 @@ import torch.fx as fx
 from .. import __version__
 from ..config import ConfigError, NeuronConfig
 from . import session
+from .report import RUN_FILE
 
 # Saved tensors of one kernel call (its inputs' storages, or its outputs) above this are not written.
 SAVE_LIMIT_BYTES = 32 * 2**20
@@ -65,7 +66,7 @@ def run_folder(dump_dir: str, config: NeuronConfig) -> Path:
         except OSError as exc:
             raise ConfigError(f"NEURON_INDUCTOR_DUMP_DIR={dump_dir!r}: cannot create the dump folder ({exc}); "
                               "accepted: a path to a folder this process can create or write") from None
-        write_json(folder / "run.json", {
+        write_json(folder / RUN_FILE, {
             "argv": sys.argv, "pid": os.getpid(), "started": stamp, "neuron_inductor": __version__,
             "torch": torch.__version__, "options": config.as_dict(),
         })

@@ -18,9 +18,8 @@ from typing import Any, Callable
 import torch
 import torch.fx as fx
 
-from .. import __version__
-from ..codegen.render import template_hash
-from . import capture, dump, progress, session, verify
+from .. import cache
+from . import cache_events, capture, dump, progress, session, verify
 from .accounting import node_flops
 from .logs import log, log_stage_timings
 from .report import REPORT_FILE, summarize
@@ -114,17 +113,10 @@ def _fallback_flops(program: Any) -> list[int]:
     return [node_flops(step.node) for step in lowered.fallbacks]
 
 
-def _cache_key(runner: Any, signature: Any, program: Any) -> dict[str, Any]:
-    families = sorted({k["family"] for k in program.artifact.meta["kernels"]})
-    return {
-        "graph_hash": runner.graph_hash,
-        "kind": runner.kind,
-        "signature": repr(signature),
-        "config_hash": runner.config.cache_hash(),
-        "templates": {family: template_hash(family) for family in families},
-        "neuron_inductor": __version__,
-        "torch": torch.__version__,
-    }
+def _cache_key(runner: Any, args: list) -> dict[str, Any]:
+    """The compile-cache key and its parts for this call (as the runtime computes them)."""
+    parts = runner.key_parts(runner.plan(args))
+    return {"key": cache.key_of(parts), "parts": parts}
 
 
 # The bucket of each program that has not had its first call yet (weak: dropped programs vanish).
@@ -140,6 +132,7 @@ def on_program_compiled(runner: Any, program: Any, signature: Any, args: list) -
         fallback_flops=_fallback_flops(program), padding=_padding(program, args))
     aot.buckets.append(bucket)
     session.BUCKETS.append(bucket)
+    bucket.cache = cache_events.note_lookup(cache.get_cache(runner.config.cache_dir), bucket.label)
     meta = artifact.meta
     log.info("neuron_inductor: %s compiled: %d kernel(s), %d fallback(s), %d view(s) in %.3fs", bucket.label,
              len(meta["kernels"]), len(meta["fallbacks"]), meta.get("views", 0), meta.get("compile_seconds", 0.0))
@@ -154,7 +147,7 @@ def on_program_compiled(runner: Any, program: Any, signature: Any, args: list) -
             bucket_info={"signature": bucket.signature, "real_input_shapes": _shapes(args),
                          "compiled_input_shapes": _compiled_shapes(program), "padding": bucket.padding,
                          "bucket_policy": runner.config.buckets},
-            cache_key=_cache_key(runner, signature, program))
+            cache_key=_cache_key(runner, args))
         _write_report(bucket)
         log.info("neuron_inductor: %s dumped to %s", bucket.label, bucket.folder)
     _PENDING[program] = bucket

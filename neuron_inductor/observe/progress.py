@@ -15,12 +15,12 @@ DELAY_SECONDS = 0.5
 
 
 class ProgressLine:
-    def __init__(self, label: str, stream: TextIO | None = None, delay: float = DELAY_SECONDS) -> None:
+    def __init__(self, label: str, stream: TextIO | None = None, delay: float | None = None) -> None:
         self.label = label
         self.stream = stream if stream is not None else sys.stderr
         self.enabled = _is_terminal(self.stream)
         self.started = time.perf_counter()
-        self.delay = delay
+        self.delay = DELAY_SECONDS if delay is None else delay
         self.width = 0  # characters currently shown
 
     def update(self, text: str) -> None:

@@ -53,6 +53,7 @@ def summarize(bucket: session.CompiledBucket) -> dict[str, Any]:
         "estimated_seconds": sum(ran) if len(ran) == len(kernels) and kernels else (0.0 if not kernels else None),
         "timings": {**meta.get("timings", {}), **({"total": meta["compile_seconds"]} if "compile_seconds" in meta else {})},
         "verify": bucket.verify,
+        "cache": bucket.cache,
         "folder": str(bucket.folder) if bucket.folder else None,
     }
 
@@ -153,6 +154,9 @@ def _bucket_lines(bucket: dict[str, Any]) -> list[str]:
                          f"{', '.join(k['ops'])}")
     for f in bucket["fallbacks"]:
         lines.append(f"    fallback {f['op']} ({f['flops'] / 1e6:.3f} MFLOP on the host): {f['reason']}")
+    if bucket.get("cache"):
+        cached = bucket["cache"]
+        lines.append(f"    cache: {cached['event']}" + (f" ({cached['message']})" if "message" in cached else ""))
     if bucket.get("verify"):
         lines.append(f"    verify: {bucket['verify']['message']}")
     return lines
@@ -163,13 +167,28 @@ def process_report() -> Report:
     return Report([summarize(b) for b in session.BUCKETS], "this process")
 
 
-def dump_report(folder: str | Path) -> Report:
-    """Every report.json under `folder` (a dump folder, one run of it, or one bucket's folder)."""
+RUN_FILE = "run.json"  # marks one process's folder inside a dump folder (see dump.py)
+
+
+def newest_run(folder: Path) -> Path | None:
+    """The newest run folder directly inside a dump folder (run folder names sort by start time)."""
+    runs = sorted(p.parent for p in folder.glob(f"*/{RUN_FILE}"))
+    return runs[-1] if runs else None
+
+
+def dump_report(folder: str | Path, all_runs: bool = False) -> Report:
+    """The report of a dump folder: its newest run (or every run with `all_runs`), one run's folder,
+    or any folder below it (a graph, a bucket)."""
     root = Path(folder)
     if not root.is_dir():
         raise FileNotFoundError(f"{root} is not a folder; pass a NEURON_INDUCTOR_DUMP_DIR folder")
+    source = str(root)
+    if not all_runs and not (root / RUN_FILE).is_file():
+        run = newest_run(root)
+        if run is not None:
+            root, source = run, f"{run}, the newest run in {folder}"
     files = sorted(root.rglob(REPORT_FILE))
     if not files:
         raise FileNotFoundError(f"no {REPORT_FILE} under {root}: is it a NEURON_INDUCTOR_DUMP_DIR folder "
                                 "of a process that compiled something?")
-    return Report([json.loads(f.read_text()) for f in files], str(root))
+    return Report([json.loads(f.read_text()) for f in files], source)

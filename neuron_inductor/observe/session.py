@@ -56,6 +56,7 @@ class CompiledBucket:
     padding: dict[str, float] | None
     folder: Path | None = None
     verify: dict[str, Any] | None = None  # the first run's comparison with eager, when enabled
+    cache: dict[str, Any] | None = None  # how the compile cache answered: hit or explained miss
 
     @property
     def label(self) -> str:
