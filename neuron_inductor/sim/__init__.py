@@ -28,18 +28,18 @@ Environment:
                                        capacities and the cost model's default target
 
 Modules: dtypes, tensor (NkiTensor, views), memory (capacity), rules (checks), ops (math
-operators), isa (nki.isa), language (nki.language), jit (nki.jit, SPMD), trace, cost_model,
+operators), isa (nki.isa), language (nki.language), launch (nki.jit, SPMD), tracing, cost_model,
 targets (hardware constants), shim (as_nki, load_kernels), __main__ (script runner).
 """
 
 from . import isa, language
 from .cost_model import Estimate, estimate
 from .errors import NkiCapacityError, NkiError, NkiIndexError, NkiRuleError
-from .jit import Kernel, jit, simulate
+from .launch import Kernel, jit, simulate
 from .shim import as_nki, load_kernels
 from .targets import TARGETS, Target, get_target
 from .tensor import NkiTensor
-from .trace import Instruction, Trace, trace
+from .tracing import Instruction, Trace, trace
 
 __all__ = [
     "Estimate", "Instruction", "Kernel", "NkiCapacityError", "NkiError", "NkiIndexError", "NkiRuleError",

@@ -33,7 +33,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .targets import Target, get_target
-from .trace import ENGINES
+from .tracing import ENGINES
 
 _TWO_INPUT_VECTOR_OPS = frozenset({"tensor_tensor", "scalar_tensor_tensor", "select"})
 _PERF_MODE_OPS = frozenset({"tensor_copy", "tensor_scalar", "tensor_tensor"})

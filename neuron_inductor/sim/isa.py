@@ -35,10 +35,12 @@ from . import context, dtypes, rules
 from . import tensor as tensors
 from .errors import NkiError
 from .ops import ALU_KINDS, OPS
-from .trace import ACTIVE, record
+from .tracing import ACTIVE, record
 
 _F32 = torch.float32
 _I64 = torch.int64
+_SBUF = frozenset({"sbuf"})
+_PSUM = frozenset({"psum"})
 
 
 class engine(Enum):
@@ -176,16 +178,15 @@ def _bytes(*tiles) -> int:
 
 
 def _check_elementwise(op, dst, *inputs):
-    """dst and inputs: on-chip, same partitions, same elements per partition, legal start partition."""
-    rules.tile(op, "dst", dst)
-    rules.start_partition(op, "dst", dst)
-    n = rules.free_size(dst)
+    """dst and inputs: on-chip operands with equal partitions and elements per partition -> (P, F)."""
+    p, n = rules.operand(op, "dst", dst)
     for role, t in inputs:
-        rules.tile(op, role, t)
-        rules.start_partition(op, role, t)
-        rules.same_partitions(op, "dst", dst, role, t)
-        rules.same_free_size(op, "dst", n, role, rules.free_size(t))
-    return n
+        pi, ni = rules.operand(op, role, t)
+        if pi != p:
+            rules.same_partitions(op, "dst", dst, role, t)
+        if ni != n:
+            rules.same_free_size(op, "dst", n, role, ni)
+    return p, n
 
 
 # ---------------------------------------------------------------------------- TensorE
@@ -199,36 +200,29 @@ def nc_matmul(dst, stationary, moving, is_stationary_onezero=False, is_moving_on
     """
     op = "nisa.nc_matmul"
     target = context.current().target
-    rules.tile(op, "stationary", stationary, ("sbuf",))
-    rules.tile(op, "moving", moving, ("sbuf",))
-    rules.tile(op, "dst", dst, ("psum",))
-    for role, t in (("stationary", stationary), ("moving", moving), ("dst", dst)):
-        rules.start_partition(op, role, t)
-    rules.matmul(op, stationary, moving, dst, target)
-    allowed = {"float32", "bfloat16"} if target.nc_version >= 4 else {"float32"}
-    if is_transpose:
-        allowed = allowed | {stationary.dtype.name}
-    rules.matmul_dst_dtype(op, dst, target, allowed)
+    k, m = rules.operand(op, "stationary", stationary, _SBUF)
+    k2, n = rules.operand(op, "moving", moving, _SBUF)
+    dst_p, dst_n = rules.operand(op, "dst", dst, _PSUM)
+    rules.matmul(op, stationary, moving, target, k, m, k2, n, dst_p, dst_n)
+    if dst.dtype is not dtypes.float32:
+        allowed = {"float32", "bfloat16"} if target.nc_version >= 4 else {"float32"}
+        rules.matmul_dst_dtype(op, dst, target, allowed | ({stationary.dtype.name} if is_transpose else set()))
     rules.psum_bank(op, "dst", dst, target, target.matmul_dst_banks)
-    if perf_mode not in (matmul_perf_mode.none, None):
+    if perf_mode is not matmul_perf_mode.none and perf_mode is not None:
         raise NkiError(f"{op}: perf_mode={perf_mode} is not modelled by the interpreter")
-    _check_tile_position(op, stationary, tile_position, tile_size)
+    if tile_position or tile_size:
+        _check_tile_position(op, k, m, tile_position, tile_size)
 
     result = torch.mm(_f32(stationary).t(), _f32(moving))
     _accumulate(op, dst, result, accumulate)
     if ACTIVE:
-        k, m = stationary.data.shape[0], result.shape[0]
-        n = result.shape[1]
         record("tensor", "nc_matmul", 2 * k * m * n, _bytes(stationary, moving, dst), n, k,
                (("dst", dst), ("stationary", stationary), ("moving", moving)))
 
 
-def _check_tile_position(op, stationary, tile_position, tile_size):
-    if not tile_position and not tile_size:
-        return
+def _check_tile_position(op, k, m, tile_position, tile_size):
     if len(tile_position) != 2 or len(tile_size) != 2:
         raise NkiError(f"{op}: tile_position and tile_size are (row, column) pairs, got {tile_position}, {tile_size}")
-    k, m = stationary.data.shape[0], rules.free_size(stationary)
     rows, cols = tile_size
     if k > rows or m > cols or tile_position[0] + rows > rules.PMAX or tile_position[1] + cols > rules.PMAX:
         rules.fail(op, "stationary fits its PE tile inside the 128x128 array", (tile_position, tile_size),
@@ -289,7 +283,7 @@ def tensor_tensor(dst, data1, data2, op, engine=engine.unknown, name=None):
     """dst = data1 <op> data2, elementwise."""
     api = "nisa.tensor_tensor"
     rules.alu_op(api, "op", op, ALU_KINDS)
-    n = _check_elementwise(api, dst, ("data1", data1), ("data2", data2))
+    p, n = _check_elementwise(api, dst, ("data1", data1), ("data2", data2))
     rules.not_both_psum(api, data1, data2)
     integer = dst.dtype.kind == "int" and data1.dtype.kind == "int" and data2.dtype.kind == "int"
     if op.kind == "bitvec":
@@ -305,7 +299,6 @@ def tensor_tensor(dst, data1, data2, op, engine=engine.unknown, name=None):
     else:
         _write(dst, op.fn(_f32(data1), _f32(data2)))
     if ACTIVE:
-        p = dst.data.shape[0]
         record(chosen, "tensor_tensor", p * n, _bytes(dst, data1, data2), n, p,
                (("dst", dst), ("data1", data1), ("data2", data2)))
 
@@ -318,8 +311,7 @@ def tensor_scalar(dst, data, op0, operand0, reverse0=False, op1=None, operand1=N
     if op1 is not None:
         rules.alu_op(api, "op1", op1, ALU_KINDS)
     rules.same_op_family(api, op0, op1)
-    n = _check_elementwise(api, dst, ("data", data))
-    p = data.data.shape[0]
+    p, n = _check_elementwise(api, dst, ("data", data))
     bitvec = op0.kind == "bitvec"
     rules.vector_operand(api, "operand0", operand0, p, require_fp32=not bitvec)
     if op1 is not None:
@@ -359,9 +351,8 @@ def scalar_tensor_tensor(dst, data, op0, operand0, op1, operand1, reverse0=False
     api = "nisa.scalar_tensor_tensor"
     rules.alu_op(api, "op0", op0, ALU_KINDS - {"bitvec"})
     rules.alu_op(api, "op1", op1, ALU_KINDS - {"bitvec"})
-    n = _check_elementwise(api, dst, ("data", data), ("operand1", operand1))
+    p, n = _check_elementwise(api, dst, ("data", data), ("operand1", operand1))
     rules.not_both_psum(api, data, operand1)
-    p = data.data.shape[0]
     rules.vector_operand(api, "operand0", operand0, p)
     x = _apply_scalar_ops(data, op0, operand0, reverse0, None, None, False, False)
     y = _f32(operand1)
@@ -401,7 +392,7 @@ def tensor_reduce(dst, op, data, axis, negate=False, keepdims=False, name=None):
 def tensor_copy(dst, src, engine=engine.unknown, dtype=None, name=None):
     """dst = src (bit-exact for equal dtypes, else via fp32); `dtype=` rounds through that dtype first."""
     api = "nisa.tensor_copy"
-    n = _check_elementwise(api, dst, ("src", src))
+    p, n = _check_elementwise(api, dst, ("src", src))
     chosen = _engine(api, engine) or "vector"
     rules.gpsimd_no_psum(api, chosen, dst, src)
     through = None if dtype is None else dtypes.as_dtype(dtype)
@@ -415,7 +406,6 @@ def tensor_copy(dst, src, engine=engine.unknown, dtype=None, name=None):
             values = _round_through(values, through)
         _write(dst, values)
     if ACTIVE:
-        p = dst.data.shape[0]
         record(chosen, "tensor_copy", p * n, _bytes(dst, src), n, p, (("dst", dst), ("src", src)))
 
 
@@ -427,10 +417,9 @@ def _round_through(values, dtype):
 def reciprocal(dst, data, name=None):
     """dst = 1 / data on VectorE."""
     api = "nisa.reciprocal"
-    n = _check_elementwise(api, dst, ("data", data))
+    p, n = _check_elementwise(api, dst, ("data", data))
     _write(dst, torch.reciprocal(_f32(data)))
     if ACTIVE:
-        p = dst.data.shape[0]
         record("vector", "reciprocal", p * n, _bytes(dst, data), n, p, (("dst", dst), ("data", data)))
 
 
@@ -501,8 +490,7 @@ def activation_reduce(dst, op, data, reduce_op, reduce_res, bias=None, scale=1.0
 
 def _activation(api, dst, op, data, bias, scale, reduce_op, reduce_res, cmd):
     """Shared by activation, activation_reduce and the nl-level unary ops (any unary NkiOp)."""
-    n = _check_elementwise(api, dst, ("data", data))
-    p = data.data.shape[0]
+    p, n = _check_elementwise(api, dst, ("data", data))
     program = context.current()
     if bias is not None:
         if isinstance(bias, (int, float)) and program.target.nc_version < 3:
@@ -584,10 +572,9 @@ def affine_select(dst, pattern, channel_multiplier, on_true_tile, on_false_value
     api = "nisa.affine_select"
     cmp_op = OPS["equal"] if cmp_op is None else cmp_op
     rules.alu_op(api, "cmp_op", cmp_op, {"compare"})
-    n = _check_elementwise(api, dst, ("on_true_tile", on_true_tile))
+    p, n = _check_elementwise(api, dst, ("on_true_tile", on_true_tile))
     rules.on_chip(api, "dst", dst, ("sbuf",))
     rules.gpsimd_no_psum(api, "gpsimd", on_true_tile)
-    p = dst.data.shape[0]
     values = _affine_values(api, p, pattern, offset, channel_multiplier)
     rules.same_free_size(api, "dst", n, "pattern", values.shape[1])
     keep = cmp_op.fn(values.to(_F32), torch.scalar_tensor(0.0)) != 0

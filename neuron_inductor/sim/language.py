@@ -328,11 +328,10 @@ def where(condition, x, y, dtype=None) -> NkiTensor:
     out = dtypes.as_dtype(dtype) if dtype is not None else dtypes.promote(_dtype_of(x), _dtype_of(y))
     dst = ndarray(condition.shape, out, sbuf)
     operands = [("condition", condition)] + [(r, v) for r, v in (("x", x), ("y", y)) if _is_tile(v)]
-    n = isa._check_elementwise(api, dst, *operands)
+    p, n = isa._check_elementwise(api, dst, *operands)
     values = torch.where(isa._f32(condition) != 0, isa._scalar(x), isa._scalar(y))
-    isa._write(dst, values.expand(dst.data.shape[0], n))
+    isa._write(dst, values.expand(p, n))
     if isa.ACTIVE:
-        p = dst.data.shape[0]
         isa.record("vector", "select", p * n, isa._bytes(dst, condition, x, y), n, p, [("dst", dst)] + operands)
     return dst
 

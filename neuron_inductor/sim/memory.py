@@ -26,8 +26,8 @@ class MemoryPool:
         self.live = 0
         self.peak = 0
 
-    def reserve(self, nbytes: int, what: str) -> None:
-        rules.capacity(self, nbytes, what)
+    def reserve(self, nbytes: int, describe) -> None:
+        rules.capacity(self, nbytes, describe)
         self.live += nbytes
         if self.live > self.peak:
             self.peak = self.live

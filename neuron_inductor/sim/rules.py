@@ -53,6 +53,26 @@ def tile(op, role, t, allowed=("sbuf", "psum")):
     partition_limit(op, role, t)
 
 
+ON_CHIP = frozenset({"sbuf", "psum"})
+
+
+def operand(op, role, t, allowed=ON_CHIP):
+    """A compute-engine operand: buffer in `allowed`, partition dim <= 128, legal start partition.
+
+    Returns (partitions, elements per partition). The hot path of every instruction.
+    """
+    buffer = getattr(t, "buffer", None)
+    if buffer is None or buffer.name not in allowed:
+        on_chip(op, role, t, tuple(b for b in ("sbuf", "psum", "shared_hbm", "private_hbm") if b in allowed))
+    data = t.data
+    p = data.shape[0] if data.dim() else 1
+    if p > PMAX:
+        partition_limit(op, role, t)
+    if data.storage_offset():
+        start_partition(op, role, t)
+    return p, data.numel() // p
+
+
 def start_partition(op, role, t):
     """Compute engines start at partition 0 (>64 partitions), 0/64 (33-64) or 0/32/64/96 (<=32)."""
     if t.data.storage_offset() == 0:
@@ -155,10 +175,8 @@ def vector_operand(op, role, operand, partitions, require_fp32=True):
         fail(op, f"{role} vector is float32", operand.dtype.name, f"{role} has dtype {operand.dtype.name}, not float32")
 
 
-def matmul(op, stationary, moving, dst, target):
+def matmul(op, stationary, moving, target, k, m, k2, n, dst_p, dst_n):
     """nc_matmul: stationary [K<=128, M<=128], moving [K<=128, N<=512], dst [M, N] in PSUM."""
-    k, m = stationary.data.shape[0], free_size(stationary)
-    k2, n = moving.data.shape[0], free_size(moving)
     if k != k2:
         fail(op, "contraction over the partition dim of both operands", (k, k2),
              f"stationary has {k} partitions but moving has {k2}")
@@ -172,16 +190,15 @@ def matmul(op, stationary, moving, dst, target):
     elif n > target.moving_fmax:
         fail(op, f"moving free size <= {target.moving_fmax}", n,
              f"moving free size {n} exceeds gemm_moving_fmax {target.moving_fmax}")
-    if dst.data.shape[0] != m or free_size(dst) != n:
-        fail(op, "dst is [M, N] = [stationary free, moving free]", list(dst.data.shape),
-             f"dst has shape {list(dst.data.shape)}, expected {m} partitions x {n} elements")
-    for role, t in (("stationary", stationary), ("moving", moving)):
-        if t.dtype.name not in MATMUL_INPUT_DTYPES:
-            fail(op, "matmul inputs are fp8 / bf16 / fp16 / tf32 / fp32", t.dtype.name, f"{role} has dtype {t.dtype.name}")
-    fp32 = [t.dtype.name == "float32" for t in (stationary, moving)]
-    if any(fp32) and not all(t.dtype.name in ("float32", "tfloat32") for t in (stationary, moving)):
-        fail(op, "fp32 matmul inputs pair only with fp32 / tf32", (stationary.dtype.name, moving.dtype.name),
-             f"stationary {stationary.dtype.name} with moving {moving.dtype.name}")
+    if dst_p != m or dst_n != n:
+        fail(op, "dst is [M, N] = [stationary free, moving free]", [dst_p, dst_n],
+             f"dst has {dst_p} partitions x {dst_n} elements, expected {m} x {n}")
+    names = (stationary.dtype.name, moving.dtype.name)
+    for role, name in zip(("stationary", "moving"), names):
+        if name not in MATMUL_INPUT_DTYPES:
+            fail(op, "matmul inputs are fp8 / bf16 / fp16 / tf32 / fp32", name, f"{role} has dtype {name}")
+    if "float32" in names and not all(name in ("float32", "tfloat32") for name in names):
+        fail(op, "fp32 matmul inputs pair only with fp32 / tf32", names, f"stationary {names[0]} with moving {names[1]}")
 
 
 def matmul_dst_dtype(op, dst, target, allowed_names):
@@ -199,9 +216,11 @@ def psum_bank(op, role, t, target, banks: int):
     storage = t.alloc.storage
     itemsize = t.dtype.itemsize
     partition_elems = storage.stride(0) if storage.dim() > 1 else 1
+    bank = target.psum_bank_bytes * banks
+    if partition_elems * itemsize <= bank:
+        return  # the whole allocation fits one bank
     first = data.storage_offset() % partition_elems if data.storage_offset() else 0
     last = first + sum((s - 1) * st for s, st in zip(data.shape[1:], data.stride()[1:]))
-    bank = target.psum_bank_bytes * banks
     first_byte, last_byte = first * itemsize, (last + 1) * itemsize - 1
     if first_byte // bank != last_byte // bank:
         span = last_byte - first_byte + 1
@@ -278,10 +297,12 @@ def kernel_output(t):
              f"the kernel returned a tensor in {t.buffer.name}")
 
 
-def capacity(pool, nbytes, what):
+def capacity(pool, nbytes, describe):
+    """`describe()` names the allocation; called only to build the error message."""
     live = pool.live + nbytes
     if live > pool.capacity:
         name = pool.buffer_name.upper()
+        what = describe()
         raise NkiCapacityError(
             "nl.ndarray", f"live {name} bytes per partition <= {pool.capacity} on {pool.target_name}", live,
             f"allocating {what} ({nbytes} B/partition) brings live {name} to {live} B/partition, "

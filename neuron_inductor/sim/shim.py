@@ -14,7 +14,7 @@ import linecache
 import sys
 
 from . import isa, language, nki_api
-from .jit import Kernel
+from .launch import Kernel
 
 _FACADE = {"nki": nki_api, "nki.language": language, "nki.isa": isa}
 

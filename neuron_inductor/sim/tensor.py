@@ -250,7 +250,7 @@ def allocate(shape, dtype: dtypes.NkiDtype, buffer: Buffer, name: str, pool) -> 
     for s in shape[1:]:
         free *= s
     nbytes = free * dtype.itemsize
-    pool.reserve(nbytes, f"{name + ' ' if name else ''}{list(shape)} {dtype.name}")
+    pool.reserve(nbytes, lambda: f"{name + ' ' if name else ''}{list(shape)} {dtype.name}")
     storage = _fresh_storage(shape, storage_dtype, fill)
     return NkiTensor(storage, dtype, buffer, Allocation(storage, pool, nbytes), name)
 
