@@ -69,8 +69,10 @@ class TensorArg:
 
     @property
     def hbm_dtype(self) -> str:
-        """The dtype of the HBM tensor itself (int64 stays int64 in HBM)."""
-        return "nl.int64" if self.torch_dtype == torch.int64 else self.dtype
+        """The dtype to allocate a kernel output with in HBM. NKI has no 64-bit integers: an int64
+        graph value produced by a kernel is an int32 tensor (the host wrapper widens it where it
+        leaves the kernels); a bool value is nl.bool_ in HBM (uint8 tiles on chip)."""
+        return "nl.bool_" if self.torch_dtype == torch.bool else self.dtype
 
     @property
     def itemsize(self) -> int:

@@ -59,6 +59,12 @@ def render_wrapper(gm: fx.GraphModule, lowered: LoweredGraph, name: str = "run")
         names[node] = f"arg{i}"
     lines: list[str] = []
     constants: list[str] = []
+    # int64 values computed by kernels are int32 tensors (NKI has no 64-bit integers): widen them
+    # where they reach host fallbacks or the graph's outputs.
+    narrowed: set[fx.Node] = set()
+
+    def host_names() -> dict[fx.Node, str]:
+        return {**names, **{node: f"{names[node]}.long()" for node in narrowed}}
 
     def value_name(node: fx.Node) -> str:
         names.setdefault(node, f"buf{len(names) - len(placeholders)}")
@@ -72,6 +78,7 @@ def render_wrapper(gm: fx.GraphModule, lowered: LoweredGraph, name: str = "run")
             for pos, inp in spec.inplace.items():
                 names[spec.outputs[pos]] = names[spec.inputs[inp]]
             targets = [value_name(o) if isinstance(o, fx.Node) else "_" for o in returned]
+            narrowed.update(o for o in returned if isinstance(o, fx.Node) and o.meta["val"].dtype == torch.int64)
             if not targets:
                 lines.append(call)
             elif len(targets) == 1:
@@ -84,12 +91,16 @@ def render_wrapper(gm: fx.GraphModule, lowered: LoweredGraph, name: str = "run")
             if step.kind == "constant":
                 constants.append(node.target)
                 lines.append(f"{value_name(node)} = constants[{node.target!r}]")
+            elif step.kind == "view":
+                lines.append(f"{value_name(node)} = {_call_source(node, names)}  # view: no data moves")
+                if any(inp in narrowed for inp in node.all_input_nodes):
+                    narrowed.add(node)
             else:
-                comment = "  # view: no data moves" if step.kind == "view" else f"  # fallback: {' '.join(step.reason.split())}"
-                lines.append(f"{value_name(node)} = {_call_source(node, names)}{comment}")
+                reason = " ".join(step.reason.split())
+                lines.append(f"{value_name(node)} = {_call_source(node, host_names())}  # fallback: {reason}")
 
     output = next(n for n in gm.graph.nodes if n.op == "output")
-    returns = _literal(list(output.args[0]), names)
+    returns = _literal(list(output.args[0]), host_names())
     source = environment().get_template("wrapper.py.j2").render(
         name=name, num_args=len(placeholders), lines=lines, returns=returns)
     return source, constants

@@ -4,6 +4,11 @@ Walks the graph in order. Pointwise nodes of one output shape gather into an ope
 that stays open across unrelated nodes and is emitted (as one kernel) as soon as something outside
 it needs one of its values. Every other node becomes a kernel through its registered lowering, a
 host view, or — when no lowering takes it — an explicit fallback with the reason.
+
+Kernels write contiguous outputs, while eager ops may return other layouts (CPU SDPA returns a
+permuted one), so a `view` that was legal in eager can be illegal on our tensors. The walk tracks
+the strides our values really have and puts a contiguous copy (a `clone` kernel) in front of such
+a view.
 """
 
 from __future__ import annotations
@@ -42,6 +47,53 @@ def _is_tensor(node: fx.Node) -> bool:
     return isinstance(node.meta.get("val"), torch.Tensor)
 
 
+_RESHAPING_VIEWS = {torch.ops.aten.view.default, torch.ops.aten._unsafe_view.default}
+
+
+class _Layouts:
+    """Meta tensors with the strides our runtime values will have, to check views against."""
+
+    def __init__(self) -> None:
+        self.metas: dict[fx.Node, object] = {}
+
+    @staticmethod
+    def _meta_like(val: torch.Tensor, contiguous: bool) -> torch.Tensor:
+        if contiguous:
+            return torch.empty(val.shape, dtype=val.dtype, device="meta")
+        return torch.empty_strided(val.shape, val.stride(), dtype=val.dtype, device="meta")
+
+    def set_from_value(self, node: fx.Node, contiguous: bool) -> None:
+        val = node.meta.get("val")
+        if isinstance(val, torch.Tensor):
+            self.metas[node] = self._meta_like(val, contiguous)
+        elif isinstance(val, (tuple, list)):
+            self.metas[node] = tuple(self._meta_like(v, contiguous) if isinstance(v, torch.Tensor) else v
+                                     for v in val)
+
+    def run(self, node: fx.Node) -> bool:
+        """Compute the node's layout by running it on meta tensors; False if that is not possible."""
+        if any(inp not in self.metas for inp in node.all_input_nodes):
+            return False
+        args, kwargs = fx.node.map_arg((node.args, node.kwargs), lambda n: self.metas[n])
+        try:
+            self.metas[node] = node.target(*args, **kwargs)
+        except Exception:
+            return False
+        return True
+
+
+def _insert_contiguous_copy(gm: fx.GraphModule, view: fx.Node) -> fx.Node:
+    source = view.args[0]
+    with gm.graph.inserting_before(view):
+        copy = gm.graph.call_function(torch.ops.aten.clone.default, (source,),
+                                      {"memory_format": torch.contiguous_format})
+    val = source.meta["val"]
+    with val.fake_mode:
+        copy.meta["val"] = torch.ops.aten.clone.default(val, memory_format=torch.contiguous_format)
+    view.replace_input_with(source, copy)
+    return copy
+
+
 class _PointwiseGroup:
     def __init__(self) -> None:
         self.nodes: list[fx.Node] = []
@@ -70,6 +122,7 @@ def lower_graph(gm: fx.GraphModule, fallback_mode: str = "warn",
     fallbacks: list[HostStep] = []
     group = _PointwiseGroup()
     produced_by_kernel: set[fx.Node] = set()
+    layouts = _Layouts()
 
     def flush() -> None:
         nonlocal group
@@ -78,6 +131,12 @@ def lower_graph(gm: fx.GraphModule, fallback_mode: str = "warn",
             produced_by_kernel.update(group.nodes)
         group = _PointwiseGroup()
 
+    def add_pointwise(node: fx.Node) -> None:
+        if not group.accepts(node):
+            flush()
+        group.add(node)
+        layouts.set_from_value(node, contiguous=True)
+
     def needs_group(node: fx.Node) -> bool:
         return any(inp in group.members for inp in node.all_input_nodes)
 
@@ -85,16 +144,21 @@ def lower_graph(gm: fx.GraphModule, fallback_mode: str = "warn",
         step = HostStep(node, "fallback", reason)
         steps.append(step)
         fallbacks.append(step)
+        if not layouts.run(node):
+            layouts.set_from_value(node, contiguous=False)
 
-    for node in gm.graph.nodes:
-        if node.op in ("placeholder", "output"):
-            if node.op == "output":
-                flush()
+    for node in list(gm.graph.nodes):
+        if node.op == "placeholder":
+            layouts.set_from_value(node, contiguous=False)
+            continue
+        if node.op == "output":
+            flush()
             continue
         if node in produced_by_kernel:
             continue  # a getitem bound to a multi-output kernel
         if node.op == "get_attr":
             steps.append(HostStep(node, "constant"))
+            layouts.metas[node] = getattr(gm, node.target).to("meta")
             continue
         if node.op != "call_function":
             raise NotImplementedError(f"unexpected FX node {node.format_node()} in an ATen graph")
@@ -104,14 +168,16 @@ def lower_graph(gm: fx.GraphModule, fallback_mode: str = "warn",
             fall_back(node, force_fallback[node])
             continue
         if _is_tensor(node) and pointwise.is_pointwise(node):
-            if not group.accepts(node):
-                flush()
-            group.add(node)
+            add_pointwise(node)
             continue
+        if node.target in _RESHAPING_VIEWS and not layouts.run(node):
+            add_pointwise(_insert_contiguous_copy(gm, node))
+            layouts.run(node)
         if needs_group(node):
             flush()
         if node.target is operator.getitem or node.target in VIEW_OPS:
             steps.append(HostStep(node, "view"))
+            layouts.run(node) or layouts.set_from_value(node, contiguous=False)
             continue
         if node.target in FALLBACKS:
             fall_back(node, FALLBACKS[node.target])
@@ -127,6 +193,11 @@ def lower_graph(gm: fx.GraphModule, fallback_mode: str = "warn",
             continue
         steps.append(KernelStep(spec))
         produced_by_kernel.update(out for out in spec.outputs if isinstance(out, fx.Node))
+        for out in spec.outputs:
+            if isinstance(out, fx.Node):
+                layouts.set_from_value(out, contiguous=True)
+        for position, input_position in spec.inplace.items():
+            layouts.metas[spec.outputs[position]] = layouts.metas[spec.inputs[input_position]]
     flush()
 
     if fallbacks and fallback_mode == "error":
