@@ -44,7 +44,7 @@ from __future__ import annotations
 import math
 import operator
 import struct
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Union
 
 import torch
@@ -146,12 +146,18 @@ _PY_ALU: dict[str, Callable] = {
 }
 _COMMUTATIVE = {"add", "multiply", "maximum", "minimum", "equal", "not_equal", "logical_and", "logical_or",
                 "logical_xor"}
-_PY_UNARY: dict[str, Callable] = {
-    "exp": math.exp, "log": math.log, "sqrt": math.sqrt, "rsqrt": lambda x: 1 / math.sqrt(x),
-    "sigmoid": lambda x: 1 / (1 + math.exp(-x)), "tanh": math.tanh, "relu": lambda x: max(x, 0.0),
-    "erf": math.erf, "sin": math.sin, "abs": abs, "sign": lambda x: float((x > 0) - (x < 0)),
-    "copy": lambda x: x,
+_TORCH_UNARY: dict[str, Callable] = {
+    "exp": torch.exp, "log": torch.log, "sqrt": torch.sqrt, "rsqrt": torch.rsqrt, "sigmoid": torch.sigmoid,
+    "tanh": torch.tanh, "relu": torch.relu, "erf": torch.erf, "sin": torch.sin, "abs": torch.abs,
+    "sign": torch.sign, "silu": torch.nn.functional.silu, "gelu": torch.nn.functional.gelu,
+    "gelu_apprx_tanh": lambda x: torch.nn.functional.gelu(x, approximate="tanh"),
 }
+
+
+def _fold_unary(func: str, value: float) -> float:
+    """An activation of an immediate, computed in fp32 like the engine."""
+    return float(_TORCH_UNARY[func](torch.tensor(value, dtype=torch.float32)))
+
 
 TWO_PI_HI = 6.28125              # 2 pi split for Cody-Waite reduction: k * TWO_PI_HI is exact in fp32
 TWO_PI_LO = 2 * math.pi - TWO_PI_HI
@@ -207,7 +213,7 @@ class ProgramBuilder:
     # -- primitives
     def act(self, func: str, x: Ref, scale: float = 1.0, bias: float = 0.0, dtype: str | None = None) -> Ref:
         if _is_imm(x):
-            return _PY_UNARY[func](x * scale + bias)
+            return _fold_unary(func, x * scale + bias)
         return self.emit("act", (x, scale, bias), dtype, func=func)
 
     def ts(self, x: Ref, op0: str, a0, op1: str | None = None, a1=None, rev0=False, rev1=False,
@@ -1003,7 +1009,9 @@ def plan_kernel(program: PointwiseProgram) -> dict:
     inputs = [(f"in{k}", inp) for k, inp in enumerate(program.inputs)]
     outputs = [(f"out{k}", tuple(int(s) for s in node.meta["val"].shape))
                for k, (node, _) in enumerate(program.results)]
-    if len(sizes) >= 2:
+    if math.prod(shape) == 0:
+        regions = []  # an empty result: nothing to compute
+    elif len(sizes) >= 2:
         regions = [_grid_region(sizes, strides, extents, inputs, outputs, kinds, free_limit)]
     else:
         regions = _flat_regions(sizes[0] if sizes else 1, inputs, outputs, kinds, free_limit)
@@ -1011,11 +1019,7 @@ def plan_kernel(program: PointwiseProgram) -> dict:
         region["instrs"] = resolved.instrs
         for store, src in zip(region["stores"], resolved.stores):
             store["src"] = src
-    return {
-        "regions": regions,
-        "output_hbm_dtypes": ["nl.bool_" if node.meta["val"].dtype == torch.bool else None
-                              for node, _ in program.results],
-    }
+    return {"regions": regions}
 
 
 def _load(var: str, view: str, roles: list[str], inp: ProgramInput, kind: str) -> dict:
