@@ -1,0 +1,98 @@
+"""Tensor views: slices with steps, `...`, nl.ds, integer indices, reshape, dtype views, write-through."""
+
+import pytest
+import torch
+
+from neuron_inductor import sim
+from neuron_inductor.sim import isa as nisa
+from neuron_inductor.sim import language as nl
+
+
+def copy_view(view_of_input, out_shape, dtype=nl.float32):
+    """Kernel: out = view_of_input(x), moved HBM -> SBUF -> HBM."""
+    @sim.jit
+    def kernel(x):
+        src = view_of_input(x)
+        t = nl.ndarray(src.shape, src.dtype)
+        nisa.dma_copy(dst=t, src=src)
+        out = nl.ndarray(out_shape, dtype, buffer=nl.shared_hbm)
+        nisa.dma_copy(dst=out, src=t)
+        return out
+
+    return kernel
+
+
+def test_hbm_slices_steps_ellipsis_ds_and_ints():
+    x = torch.randn(8, 16, 32)
+    assert torch.equal(copy_view(lambda t: t[2:6, ::2, 1:30:3], (4, 8, 10))(x), x[2:6, ::2, 1:30:3])
+    assert torch.equal(copy_view(lambda t: t[..., 5], (8, 16))(x), x[..., 5])
+    assert torch.equal(copy_view(lambda t: t[3], (16, 32))(x), x[3])  # HBM: NumPy semantics
+    assert torch.equal(copy_view(lambda t: t[nl.ds(2, 3), -4:], (3, 4, 32))(x), x[2:5, -4:])
+    assert copy_view(lambda t: t[1:3], (2, 16, 32))(x).shape == (2, 16, 32)
+
+
+def test_tile_views_write_through_and_keep_partition_dim():
+    x = torch.randn(128, 64)
+
+    @sim.jit
+    def kernel(src):
+        t = nl.ndarray((128, 4, 16), nl.float32)
+        nisa.dma_copy(dst=t, src=src)
+        assert t[5].shape == (1, 4, 16) and t[0:128, 1].shape == (128, 16)  # partition index keeps size 1
+        nisa.memset(t[:, 1, 0:16:2], 0.0)       # strided view: writes land in t
+        nisa.tensor_copy(t[:, 2], t[:, 3])
+        flat = t.reshape((128, 64))
+        out = nl.ndarray((128, 64), nl.float32, buffer=nl.shared_hbm)
+        nisa.dma_copy(dst=out, src=flat)
+        return out
+
+    expected = x.clone().reshape(128, 4, 16)
+    expected[:, 1, 0:16:2] = 0
+    expected[:, 2] = expected[:, 3]
+    assert torch.equal(kernel(x), expected.reshape(128, 64))
+
+
+def test_dtype_view_reinterprets_bits():
+    x = torch.randn(16, 8).bfloat16()
+
+    @sim.jit
+    def kernel(src):
+        t = nl.ndarray((16, 8), nl.bfloat16)
+        nisa.dma_copy(dst=t, src=src)
+        bits = t.view(nl.int16)
+        masked = nl.ndarray((16, 8), nl.int16)
+        nisa.tensor_scalar(masked, bits, nl.bitwise_and, 0x7FFF)  # clear the sign bit
+        out = nl.ndarray((16, 8), nl.bfloat16, buffer=nl.shared_hbm)
+        nisa.dma_copy(dst=out, src=masked.view(nl.bfloat16))
+        return out
+
+    assert torch.equal(kernel(x), x.abs())
+
+
+def test_hbm_reshape_and_expanded_arguments():
+    x = torch.randn(4, 32)
+    assert torch.equal(copy_view(lambda t: t.reshape(8, 16), (8, 16))(x), x.reshape(8, 16))
+    row = torch.randn(1, 64).expand(128, 64)
+    assert torch.equal(copy_view(lambda t: t.reshape(64, 128), (64, 128))(row), row.reshape(64, 128))
+
+    @sim.jit
+    def write_into_copy(arg):
+        t = nl.ndarray((64, 128), nl.float32)
+        nisa.memset(t, 0.0)
+        nisa.dma_copy(dst=arg.reshape(64, 128), src=t)
+
+    with pytest.raises(sim.NkiError, match="read-only"):
+        write_into_copy(row)
+
+
+def test_tensor_properties():
+    @sim.jit
+    def kernel(x):
+        t = nl.ndarray((128, 2, 8), nl.bfloat16, name="tile")
+        assert (t.shape, t.ndim, t.dtype, t.buffer, t.itemsize) == ((128, 2, 8), 3, nl.bfloat16, nl.sbuf, 2)
+        assert x.shape == (3, 5) and x.dtype is nl.float32 and x.buffer is nl.shared_hbm
+        assert "tile" in repr(t)
+        with pytest.raises(TypeError):
+            iter(t)
+
+    kernel(torch.zeros(3, 5))
