@@ -21,6 +21,7 @@ from .codegen.render import render_kernel, template_hash
 from .codegen.wrapper import render_wrapper
 from .lowering.graph import LoweredGraph, lower_graph, op_name
 from .lowering.ir import KernelSpec
+from .observe.accounting import node_flops
 from .toolchain import Toolchain
 
 log = logging.getLogger("neuron_inductor")
@@ -83,7 +84,7 @@ def compile_static_graph(gm: fx.GraphModule, fallback_mode: str,
 
     meta = {
         "kernels": [_describe_kernel(spec) for spec in lowered.kernels],
-        "fallbacks": [{"op": op_name(s.node), "reason": s.reason} for s in lowered.fallbacks],
+        "fallbacks": [{"op": op_name(s.node), "reason": s.reason, "flops": node_flops(s.node)} for s in lowered.fallbacks],
         "views": sum(1 for s in lowered.steps if getattr(s, "kind", None) == "view"),
         "timings": timings,
     }
