@@ -18,9 +18,7 @@ from typing import Any, Callable
 import torch
 import torch.fx as fx
 
-from .. import cache
 from . import cache_events, capture, dump, progress, session, verify
-from .accounting import node_flops
 from .logs import log, log_stage_timings
 from .report import REPORT_FILE, summarize
 
@@ -103,20 +101,12 @@ def _padding(program: Any, args: list) -> dict[str, float] | None:
             "fraction": (padded - real) / padded if padded else 0.0}
 
 
-def _fallback_flops(program: Any) -> list[int]:
-    meta_fallbacks = program.artifact.meta["fallbacks"]
-    if all("flops" in f for f in meta_fallbacks):
-        return [int(f["flops"]) for f in meta_fallbacks]
-    lowered = getattr(program, "lowered", None)
-    if lowered is None:
-        return [0] * len(meta_fallbacks)
-    return [node_flops(step.node) for step in lowered.fallbacks]
-
-
 def _cache_key(runner: Any, args: list) -> dict[str, Any]:
     """The compile-cache key and its parts for this call (as the runtime computes them)."""
+    from ..cache import key_of  # imported late: cache imports the compiler, which imports observe.accounting
+
     parts = runner.key_parts(runner.plan(args))
-    return {"key": cache.key_of(parts), "parts": parts}
+    return {"key": key_of(parts), "parts": parts}
 
 
 # The bucket of each program that has not had its first call yet (weak: dropped programs vanish).
@@ -129,10 +119,12 @@ def on_program_compiled(runner: Any, program: Any, signature: Any, args: list) -
     artifact = program.artifact
     bucket = session.CompiledBucket(
         aot=aot, index=len(aot.buckets), signature=repr(signature), artifact=artifact,
-        fallback_flops=_fallback_flops(program), padding=_padding(program, args))
+        padding=_padding(program, args))
     aot.buckets.append(bucket)
     session.BUCKETS.append(bucket)
-    bucket.cache = cache_events.note_lookup(cache.get_cache(runner.config.cache_dir), bucket.label)
+    from ..cache import get_cache
+
+    bucket.cache = cache_events.note_lookup(get_cache(runner.config.cache_dir), bucket.label)
     meta = artifact.meta
     log.info("neuron_inductor: %s compiled: %d kernel(s), %d fallback(s), %d view(s) in %.3fs", bucket.label,
              len(meta["kernels"]), len(meta["fallbacks"]), meta.get("views", 0), meta.get("compile_seconds", 0.0))

@@ -29,9 +29,9 @@ def summarize(bucket: session.CompiledBucket) -> dict[str, Any]:
             "estimated_seconds": estimate.get("seconds"), "instructions": estimate.get("instructions"),
             "dma_bytes": estimate.get("dma_bytes"),
         })
-    fallbacks = [dict(fallback, flops=flops) for fallback, flops in zip(meta["fallbacks"], bucket.fallback_flops)]
+    fallbacks = meta["fallbacks"]  # op, reason, flops (compiler.compile_static_graph)
     kernel_flops = sum(k["flops"] for k in kernels)
-    fallback_flops = sum(bucket.fallback_flops)
+    fallback_flops = sum(f["flops"] for f in fallbacks)
     ran = [k["estimated_seconds"] for k in kernels if k["estimated_seconds"] is not None]
     dynamo = bucket.aot.dynamo
     return {

@@ -52,7 +52,6 @@ class CompiledBucket:
     index: int  # order of compilation within its AotGraph
     signature: str
     artifact: Any  # compiler.CompiledArtifact; its meta["estimates"] fills in on the first run
-    fallback_flops: list[int]  # per entry of artifact.meta["fallbacks"]
     padding: dict[str, float] | None
     folder: Path | None = None
     verify: dict[str, Any] | None = None  # the first run's comparison with eager, when enabled
