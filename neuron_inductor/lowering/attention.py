@@ -29,7 +29,10 @@ aten = torch.ops.aten
 
 Q_TILE = 128      # query rows per tile: the partition dim of the score tile
 KV_CHUNK = 128    # keys per transposed P / dS chunk: the contraction dim of P@V, dS@K
-KV_TILE = 512     # keys per score tile: one PSUM bank of fp32 per partition
+KV_TILE = 512     # keys per backward score tile: one PSUM bank of fp32 per partition
+# Keys per forward softmax block (one max / rescale each): 4 PSUM banks of fp32 scores when P and
+# P^T are 2-byte (P^T then takes 2 banks), 2 banks for fp32 inputs (P^T as large as the scores).
+KV_BLOCK = {2: 2048, 4: 1024}
 SBUF_BUDGET = 160 * 1024  # bytes per partition for the tensors a kernel keeps per head
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
@@ -123,9 +126,9 @@ def _check_sbuf(what: str, nbytes: int) -> None:
 
 
 def _forward_sbuf_bytes(shapes: dict, itemsize: int, mask: dict | None) -> int:
-    """Per kv head: K^T [D, Sk] and V as [128, Sk/128, D]; a row-broadcast mask as [128, Sk] fp32."""
+    """K^T [D, Sk], V as [128, Sk/128, D], Q^T [D, Sq]; a row-broadcast mask as [128, Sk] fp32."""
     kv_len, chunks = shapes["kv_len"], -(-shapes["kv_len"] // KV_CHUNK)
-    resident = kv_len * itemsize + chunks * shapes["head_dim"] * itemsize
+    resident = (kv_len + shapes["q_len"]) * itemsize + chunks * shapes["head_dim"] * itemsize
     if mask and mask["broadcast_rows"]:
         resident += kv_len * 4
     return resident
@@ -154,7 +157,7 @@ def lower_sdpa_forward(node: fx.Node) -> KernelSpec:
     inputs = [args["query"], args["key"], args["value"]] + ([args["attn_mask"]] if mask else [])
     return KernelSpec(
         family="attention_fwd",
-        params=dict(shapes, causal=causal, mask=mask),
+        params=dict(shapes, causal=causal, mask=mask, kv_block=KV_BLOCK[min(itemsize, 4)]),
         inputs=inputs,
         outputs=result_values(node),
         flops=2 * _score_flops(shapes, causal),  # QK^T and PV
