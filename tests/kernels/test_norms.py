@@ -109,7 +109,8 @@ def eager_error(gm: torch.fx.GraphModule, args, target) -> list[float]:
 def assert_close(actual, expected, *, fp32_rtol=1e-5, bf16_rtol=2e-2, atol_floor=0.0):
     assert actual.shape == expected.shape, (actual.shape, expected.shape)
     assert actual.dtype == expected.dtype, (actual.dtype, expected.dtype)
-    scale = max(expected.float().abs().max().item(), 1.0) if expected.numel() else 1.0
+    finite = expected.float().nan_to_num(nan=0.0, posinf=0.0, neginf=0.0)
+    scale = max(finite.abs().max().item(), 1.0) if expected.numel() else 1.0
     tol = fp32_rtol if expected.dtype == torch.float32 else bf16_rtol
     torch.testing.assert_close(actual.float(), expected.float(), rtol=tol, atol=max(tol * scale, atol_floor),
                                equal_nan=True)
