@@ -32,12 +32,14 @@ Contract:
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
 import torch
 import torch.fx as fx
 
+from . import pointwise
 from .ir import KernelSpec, Unsupported
 from .registry import register_lowering
 
@@ -246,6 +248,7 @@ def _matmul_spec(node: fx.Node, a: fx.Node, b: fx.Node, bias: fx.Node | None = N
         "a": {"layout": "km" if a_op.swapped else "mk", "load": a_load, "batch_index": a_op.batch_index},
         "b": {"layout": "nk" if b_op.swapped else "kn", "load": b_load, "batch_index": b_op.batch_index},
         "bias": None,
+        "epilogue": None,
         "blocking": plan_blocking(m, n, k, itemsize, "pe_transpose" in (a_load, b_load)),
     }
     if bias is not None:
@@ -273,3 +276,49 @@ def lower_addmm(node: fx.Node) -> KernelSpec:
     if beta == 0:
         return _matmul_spec(node, a, b, alpha=alpha)  # torch ignores the bias (even NaNs) when beta == 0
     return _matmul_spec(node, a, b, bias, beta=beta, alpha=alpha)
+
+
+_MATMUL_LOWERINGS = {aten.mm.default: lower_mm, aten.bmm.default: lower_mm, aten.addmm.default: lower_addmm}
+
+
+def lower_matmul_with_epilogue(mm_node: fx.Node, epilogue_nodes: list[fx.Node], outputs: list[fx.Node]) -> KernelSpec:
+    """One kernel: the matmul, then the pointwise program of `epilogue_nodes` on each output tile
+    (see the module docstring for the contract).
+
+    The matmul tile (alpha and bias applied) is evacuated to an fp32 SBUF tile that the program
+    reads, so the epilogue computes from the unrounded fp32 accumulator. Other program inputs must
+    have the matmul's shape (read tile by tile) or be its rows' columns ([..., M, 1]: an fp32 [P, 1]
+    operand); anything else raises Unsupported.
+    """
+    if mm_node.target not in _MATMUL_LOWERINGS:
+        raise Unsupported(f"{mm_node.target} is not a matmul this family lowers")
+    spec = _MATMUL_LOWERINGS[mm_node.target](mm_node)
+    out_shape = tuple(_val(mm_node).shape)
+    for node in epilogue_nodes:
+        if tuple(_val(node).shape) != out_shape:
+            raise Unsupported(f"epilogue node {node.name} of shape {tuple(_val(node).shape)} on a {out_shape} matmul")
+    program = pointwise.build_program(epilogue_nodes, outputs)
+    kinds, loads, matmul_var = {}, [], None
+    for index, inp in enumerate(program.inputs):
+        if inp.value is mm_node:
+            matmul_var = inp.name
+            program.inputs[index] = dataclasses.replace(inp, dtype=torch.float32)  # the fp32 accumulator
+            kinds[inp.name] = "tile"
+            continue
+        if inp.shape == out_shape:
+            kinds[inp.name] = "tile"
+        elif inp.shape == out_shape[:-1] + (1,):
+            kinds[inp.name] = "col"
+        else:
+            raise Unsupported(f"epilogue input {inp.value.name} of shape {inp.shape} does not tile like the "
+                              f"{out_shape} matmul result")
+        loads.append({"var": inp.name, "kind": kinds[inp.name], "arg": len(spec.inputs), "dtype": inp.tile_dtype})
+        spec.inputs.append(inp.value)
+    if matmul_var is None:
+        raise Unsupported("the epilogue does not read the matmul result")
+    store_dtypes = [pointwise._on_chip_name(_val(node).dtype) for node, _ in program.results]
+    resolved = pointwise.resolve_program(program, kinds, {matmul_var}, store_dtypes)
+    spec.params["epilogue"] = {"matmul_var": matmul_var, "loads": loads, "instrs": resolved.instrs,
+                               "stores": resolved.stores}
+    spec.outputs = list(outputs)
+    return spec

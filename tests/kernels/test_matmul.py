@@ -17,7 +17,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from neuron_inductor import sim
 from neuron_inductor.codegen.render import render_kernel
 from neuron_inductor.decompositions import neuron_decompositions
-from neuron_inductor.lowering import matmul
+from neuron_inductor.lowering import matmul, pointwise
 from neuron_inductor.lowering.ir import Unsupported
 from neuron_inductor.lowering.registry import LOWERINGS, load_lowerings
 
@@ -204,3 +204,81 @@ def test_unsupported_dtypes(dtype):
     gm, node = trace(lambda a, b: a @ b, torch.ones(4, 4, dtype=dtype), torch.ones(4, 4, dtype=dtype))
     with pytest.raises(Unsupported, match="TensorE"):
         lower(node)
+
+
+# --- Fused epilogues -----------------------------------------------------------------------------
+
+
+def run_epilogue_case(fn, *args):
+    """Lower fn's matmul with every pointwise node after it as the epilogue; check each output."""
+    gm = make_fx(fn, decomposition_table=neuron_decompositions())(*args)
+    node = next(n for n in gm.graph.nodes if n.target in MATMUL_OPS)
+    nodes = [n for n in gm.graph.nodes if n.op == "call_function" and n.target not in MATMUL_OPS
+             and n.meta["val"].shape == node.meta["val"].shape and pointwise.is_pointwise(n)]
+    returned = set(next(n for n in gm.graph.nodes if n.op == "output").all_input_nodes)
+    outputs = [n for n in [node, *nodes] if n in returned]
+    spec = matmul.lower_matmul_with_epilogue(node, nodes, outputs)
+    spec.name = "k0_matmul"
+    kernel = sim.load_kernels(render_kernel(spec), "k0_matmul.py")["k0_matmul"]
+    values = _Recorder(gm).values_for(*args)
+    references = _Recorder(gm).values_for(*(a.double() if a.is_floating_point() else a for a in args))
+    results = kernel(*(values[n] for n in spec.inputs))
+    results = results if isinstance(results, tuple) else (results,)
+    for out, value in zip(results, spec.outputs):
+        reference = references[value]
+        assert out.dtype == values[value].dtype and out.shape == reference.shape
+        rtol, atol = TOLERANCES[out.dtype]
+        scale = reference.abs().max().item() or 1.0
+        torch.testing.assert_close(out.double(), reference.double(), rtol=rtol, atol=atol * scale)
+    return spec
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_epilogue_activation(dtype):
+    spec = run_epilogue_case(lambda a, b: torch.relu(a @ b), randn(130, 257, dtype=dtype),
+                             randn(257, 515, dtype=dtype, seed=1))
+    assert spec.params["epilogue"]["instrs"] and len(spec.outputs) == 1
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_epilogue_linear_gelu(dtype):
+    x, w, bias = randn(130, 200, dtype=dtype), randn(300, 200, dtype=dtype, seed=1), randn(300, dtype=dtype, seed=2)
+    run_epilogue_case(lambda x, w, bias: torch.nn.functional.gelu(torch.nn.functional.linear(x, w, bias)), x, w, bias)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_epilogue_residual_and_column_scale(dtype):
+    a, b = randn(130, 257, dtype=dtype), randn(257, 515, dtype=dtype, seed=1)
+    residual, scale = randn(130, 515, dtype=dtype, seed=2), randn(130, 1, dtype=dtype, seed=3)
+    spec = run_epilogue_case(lambda a, b, r, s: (a @ b) * s * 0.5 + r, a, b, residual, scale)
+    assert [load["kind"] for load in spec.params["epilogue"]["loads"]] in (["col", "tile"], ["tile", "col"])
+
+
+def test_epilogue_keeps_matmul_output_and_casts():
+    """The matmul result is an output too (in its own dtype) next to a bf16 cast of a scaled copy."""
+    a, b = randn(70, 300), randn(300, 90, seed=1)
+    spec = run_epilogue_case(lambda a, b: (lambda y: (y, (y * 3.0).to(torch.bfloat16)))(a @ b), a, b)
+    assert len(spec.outputs) == 2
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_epilogue_baddbmm(dtype):
+    """baddbmm decomposes into bmm + mul + add: fused back as a bmm epilogue over the batch."""
+    c, a, b = randn(3, 40, 60, dtype=dtype), randn(3, 40, 70, dtype=dtype, seed=1), randn(3, 70, 60, dtype=dtype, seed=2)
+    run_epilogue_case(lambda c, a, b: torch.baddbmm(c, a, b, beta=0.5, alpha=2.0), c, a, b)
+
+
+def test_epilogue_stream_mode(monkeypatch):
+    monkeypatch.setattr(matmul, "SBUF_BUDGET", 8 * 1024)
+    spec = run_epilogue_case(lambda a, b, r: torch.sigmoid(a @ b) + r, randn(200, 700), randn(700, 600, seed=1),
+                             randn(200, 600, seed=2))
+    assert spec.params["blocking"]["mode"] == "stream"
+
+
+def test_epilogue_rejects_row_broadcast_inputs():
+    gm = make_fx(lambda a, b, v: (a @ b) + v, decomposition_table=neuron_decompositions())(
+        randn(8, 16), randn(16, 32), randn(32))
+    node = next(n for n in gm.graph.nodes if n.target in MATMUL_OPS)
+    add = next(iter(node.users))
+    with pytest.raises(Unsupported, match="does not tile"):
+        matmul.lower_matmul_with_epilogue(node, [add], [add])

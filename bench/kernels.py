@@ -1,0 +1,190 @@
+"""Per-kernel benchmark: generated kernels run in the NKI interpreter, timed by its Trn2 cost model.
+
+    python bench/kernels.py                 # every case
+    python bench/kernels.py matmul_bf16     # cases whose name contains "matmul_bf16"
+
+Each case traces a small function with the Neuron decomposition table, lowers the one node of
+its `op`, renders the kernel, runs it on real tensors under `neuron_inductor.sim.trace()` and
+reports the cost model's one-NeuronCore estimate next to the roofline: TensorE peak (79 TFLOPS
+bf16 / 20 TFLOPS fp32 per core) or HBM traffic at the core's DMA bandwidth, whichever is slower.
+
+Adding a family: append `BenchCase`s to KERNELS (`build` returns the function and its inputs) and,
+for targets that need extra checks, give the case a `check`; the table and report_row stay as they
+are.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import torch.fx as fx
+from torch.fx.experimental.proxy_tensor import make_fx
+
+from neuron_inductor import sim
+from neuron_inductor.codegen.render import render_kernel
+from neuron_inductor.decompositions import neuron_decompositions
+from neuron_inductor.lowering.registry import LOWERINGS, load_lowerings
+
+aten = torch.ops.aten
+
+TENSOR_PEAK_FLOPS = {torch.bfloat16: 79e12, torch.float16: 79e12, torch.float32: 20e12}  # per core, trn2
+TARGET = "trn2"
+
+
+@dataclass(frozen=True)
+class BenchCase:
+    name: str
+    op: torch._ops.OpOverload            # the node of the traced graph to lower
+    build: Callable[[], tuple[Callable, tuple[torch.Tensor, ...]]]
+    shape: str
+    dtype: torch.dtype
+    target_fraction: float | None = None  # required fraction of roofline, if any
+
+
+@dataclass
+class Row:
+    name: str
+    shape: str
+    dtype: str
+    estimate_us: float
+    roofline_us: float
+    bound: str
+    instructions: int
+    wall_s: float
+    target_fraction: float | None
+
+    @property
+    def fraction(self) -> float:
+        return self.roofline_us / self.estimate_us
+
+    @property
+    def meets_target(self) -> bool:
+        return self.target_fraction is None or self.fraction >= self.target_fraction
+
+
+def _node_values(gm: fx.GraphModule, args) -> dict[fx.Node, torch.Tensor]:
+    values: dict[fx.Node, torch.Tensor] = {}
+
+    class Recorder(fx.Interpreter):
+        def run_node(self, node):
+            values[node] = super().run_node(node)
+            return values[node]
+
+    Recorder(gm).run(*args)
+    return values
+
+
+def report_row(case: BenchCase, estimate: sim.Estimate, flops: int, hbm_bytes: int, instructions: int,
+               wall_s: float) -> Row:
+    """One table row: the estimate against the roofline max(FLOPs / TensorE peak, bytes / DMA bandwidth)."""
+    target = sim.get_target(TARGET)
+    dma_bandwidth = target.dma_queues * target.dma_queue_bytes_per_s
+    roofline = max(flops / TENSOR_PEAK_FLOPS[case.dtype], hbm_bytes / dma_bandwidth)
+    return Row(case.name, case.shape, str(case.dtype).removeprefix("torch."), estimate.total_seconds * 1e6,
+               roofline * 1e6, estimate.bound, instructions, wall_s, case.target_fraction)
+
+
+def run_case(case: BenchCase) -> Row:
+    load_lowerings()
+    fn, args = case.build()
+    gm = make_fx(fn, decomposition_table=neuron_decompositions())(*args)
+    node = next(n for n in gm.graph.nodes if n.target is case.op)
+    spec = LOWERINGS[node.target](node)
+    spec.name = f"k0_{spec.family}"
+    kernel = sim.load_kernels(render_kernel(spec), f"{spec.name}.py")[spec.name]
+    values = _node_values(gm, args)
+    inputs = [values[n] for n in spec.inputs]
+    start = time.perf_counter()
+    with sim.trace() as recorded:
+        kernel(*inputs)
+    wall = time.perf_counter() - start
+    outputs = [values[o] for o in spec.outputs if isinstance(o, fx.Node)]
+    hbm_bytes = sum(t.numel() * t.element_size() for t in [*inputs, *outputs])
+    return report_row(case, recorded.estimate(TARGET), spec.flops, hbm_bytes, len(recorded), wall)
+
+
+def format_table(rows: list[Row]) -> str:
+    header = (f"{'kernel':<28} {'shape':<22} {'dtype':<9} {'trn2 est':>10} {'roofline':>10} {'% roof':>7} "
+              f"{'bound':<7} {'instrs':>7} {'wall':>7}  target")
+    lines = [header, "-" * len(header)]
+    for r in rows:
+        target = "" if r.target_fraction is None else f">= {r.target_fraction:.0%} {'ok' if r.meets_target else 'MISSED'}"
+        lines.append(f"{r.name:<28} {r.shape:<22} {r.dtype:<9} {r.estimate_us:>8.1f}us {r.roofline_us:>8.1f}us "
+                     f"{r.fraction:>7.1%} {r.bound:<7} {r.instructions:>7} {r.wall_s:>6.1f}s  {target}")
+    return "\n".join(lines)
+
+
+# --- Cases -----------------------------------------------------------------------------------------
+
+
+def _randn(*shape, dtype):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(math.prod(shape))).to(dtype)
+
+
+def _mm(m: int, k: int, n: int, dtype: torch.dtype, layout: str = "mk,kn") -> Callable:
+    """`a @ b` with A stored [M, K] or [K, M] and B stored [K, N] or [N, K] (see lowering/matmul.py)."""
+    a_shape = (m, k) if layout.startswith("mk") else (k, m)
+    b_shape = (k, n) if layout.endswith("kn") else (n, k)
+
+    def build():
+        def fn(a, b):
+            return (a if layout.startswith("mk") else a.t()) @ (b if layout.endswith("kn") else b.t())
+        return fn, (_randn(*a_shape, dtype=dtype), _randn(*b_shape, dtype=dtype))
+    return build
+
+
+def _linear(tokens: int, d_in: int, d_out: int, dtype: torch.dtype) -> Callable:
+    def build():
+        return (torch.nn.functional.linear,
+                (_randn(tokens, d_in, dtype=dtype), _randn(d_out, d_in, dtype=dtype), _randn(d_out, dtype=dtype)))
+    return build
+
+
+def _bmm(batch: int, m: int, k: int, n: int, dtype: torch.dtype) -> Callable:
+    def build():
+        return torch.bmm, (_randn(batch, m, k, dtype=dtype), _randn(batch, k, n, dtype=dtype))
+    return build
+
+
+MATMUL_CASES = [
+    BenchCase("matmul_bf16_4096", aten.mm.default, _mm(4096, 4096, 4096, torch.bfloat16), "4096x4096x4096",
+              torch.bfloat16, target_fraction=0.85),
+    BenchCase("matmul_bf16_2048", aten.mm.default, _mm(2048, 2048, 2048, torch.bfloat16), "2048x2048x2048",
+              torch.bfloat16, target_fraction=0.80),
+    BenchCase("matmul_bf16_2048_AtB", aten.mm.default, _mm(2048, 2048, 2048, torch.bfloat16, "km,kn"),
+              "2048x2048x2048 A^T", torch.bfloat16),
+    BenchCase("matmul_fp32_2048", aten.mm.default, _mm(2048, 2048, 2048, torch.float32), "2048x2048x2048",
+              torch.float32),
+    BenchCase("linear_bf16_4096x2048", aten.addmm.default, _linear(4096, 2048, 2048, torch.bfloat16),
+              "4096x2048->2048 +bias", torch.bfloat16),
+    BenchCase("linear_fp32_4096x2048", aten.addmm.default, _linear(4096, 2048, 2048, torch.float32),
+              "4096x2048->2048 +bias", torch.float32),
+    BenchCase("linear_bf16_small_k", aten.mm.default, _mm(4096, 64, 256, torch.bfloat16, "mk,nk"),
+              "4096x64->256", torch.bfloat16),
+    BenchCase("bmm_bf16_heads", aten.bmm.default, _bmm(16, 512, 128, 512, torch.bfloat16), "16x512x128x512",
+              torch.bfloat16),
+    BenchCase("matmul_bf16_ragged", aten.mm.default, _mm(1000, 1000, 1000, torch.bfloat16), "1000x1000x1000",
+              torch.bfloat16),
+]
+
+KERNELS: dict[str, BenchCase] = {case.name: case for case in MATMUL_CASES}
+
+
+def main(argv: list[str]) -> int:
+    selected = [case for name, case in KERNELS.items() if not argv or any(word in name for word in argv)]
+    rows = []
+    for case in selected:
+        rows.append(run_case(case))
+        print(format_table(rows[-1:]).splitlines()[-1], flush=True)
+    print()
+    print(format_table(rows))
+    return 0 if all(r.meets_target for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
