@@ -137,8 +137,16 @@ def lower_graph(gm: fx.GraphModule, fallback_mode: str = "warn",
         group.add(node)
         layouts.set_from_value(node, contiguous=True)
 
+    # 0-d constants whose users all take them as immediates need no kernel of their own.
+    folded: set[fx.Node] = set()
+
     def needs_group(node: fx.Node) -> bool:
         return any(inp in group.members for inp in node.all_input_nodes)
+
+    def foldable_constant(node: fx.Node) -> bool:
+        return (pointwise.constant_scalar(node) is not None and bool(node.users)
+                and all(user.op == "call_function" and user not in force_fallback and _is_tensor(user)
+                        and pointwise.is_pointwise(user) for user in node.users))
 
     def fall_back(node: fx.Node, reason: str) -> None:
         step = HostStep(node, "fallback", reason)
@@ -166,6 +174,9 @@ def lower_graph(gm: fx.GraphModule, fallback_mode: str = "warn",
             if needs_group(node):
                 flush()
             fall_back(node, force_fallback[node])
+            continue
+        if foldable_constant(node):
+            folded.add(node)
             continue
         if _is_tensor(node) and pointwise.is_pointwise(node):
             add_pointwise(node)
