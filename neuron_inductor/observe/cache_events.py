@@ -56,7 +56,7 @@ def explain(parts: dict[str, Any], entries: list[dict[str, Any]], own_key: str |
     mine, theirs = parts[part], nearest["parts"].get(part)
     return {
         "nearest": nearest["key"], "part": part, "here": mine, "there": theirs,
-        "message": f"nearest entry {nearest['key'][:12]} differs first in '{part}' ({MEANING.get(part, part)}): "
+        "message": f"nearest entry {nearest['key'][:12]} differs first in '{part}', {MEANING.get(part, part)}: "
                    f"{json.dumps(mine)} here, {json.dumps(theirs)} there",
     }
 
