@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.fx as fx
 
-from . import pointwise
+from . import matmul, pointwise
 from .ir import HostStep, KernelSpec, KernelStep, Step, Unsupported
 from .registry import FALLBACKS, LOWERINGS, VIEW_OPS, load_lowerings
 
@@ -95,13 +95,18 @@ def _insert_contiguous_copy(gm: fx.GraphModule, view: fx.Node) -> fx.Node:
 
 
 class _PointwiseGroup:
-    def __init__(self) -> None:
+    """An open fusion group: pointwise nodes of one shape, optionally behind a matmul (the anchor)
+    whose result they consume as a fused epilogue."""
+
+    def __init__(self, anchor: fx.Node | None = None, anchor_spec: KernelSpec | None = None) -> None:
         self.nodes: list[fx.Node] = []
-        self.members: set[fx.Node] = set()
-        self.shape: torch.Size | None = None
+        self.anchor = anchor
+        self.anchor_spec = anchor_spec
+        self.members: set[fx.Node] = {anchor} if anchor is not None else set()
+        self.shape: torch.Size | None = anchor.meta["val"].shape if anchor is not None else None
 
     def accepts(self, node: fx.Node) -> bool:
-        return not self.nodes or node.meta["val"].shape == self.shape
+        return self.shape is None or node.meta["val"].shape == self.shape
 
     def add(self, node: fx.Node) -> None:
         self.shape = node.meta["val"].shape
@@ -109,7 +114,20 @@ class _PointwiseGroup:
         self.members.add(node)
 
     def outputs(self) -> list[fx.Node]:
-        return [n for n in self.nodes if any(user not in self.members for user in n.users)]
+        ordered = ([self.anchor] if self.anchor is not None else []) + self.nodes
+        return [n for n in ordered if any(user not in self.members for user in n.users)]
+
+    def kernels(self) -> list[KernelSpec]:
+        if self.anchor is None:
+            return [pointwise.lower_pointwise_group(self.nodes, self.outputs())] if self.nodes else []
+        if self.nodes:
+            try:
+                return [matmul.lower_matmul_with_epilogue(self.anchor, self.nodes, self.outputs())]
+            except Unsupported:
+                pass  # the matmul and its consumers run as two kernels
+            epilogue_outputs = [n for n in self.outputs() if n is not self.anchor]
+            return [self.anchor_spec, pointwise.lower_pointwise_group(self.nodes, epilogue_outputs)]
+        return [self.anchor_spec]
 
 
 def lower_graph(gm: fx.GraphModule, fallback_mode: str = "warn",
@@ -124,12 +142,11 @@ def lower_graph(gm: fx.GraphModule, fallback_mode: str = "warn",
     produced_by_kernel: set[fx.Node] = set()
     layouts = _Layouts()
 
-    def flush() -> None:
+    def flush(anchor: fx.Node | None = None, anchor_spec: KernelSpec | None = None) -> None:
         nonlocal group
-        if group.nodes:
-            steps.append(KernelStep(pointwise.lower_pointwise_group(group.nodes, group.outputs())))
-            produced_by_kernel.update(group.nodes)
-        group = _PointwiseGroup()
+        steps.extend(KernelStep(spec) for spec in group.kernels())
+        produced_by_kernel.update(group.nodes)
+        group = _PointwiseGroup(anchor, anchor_spec)
 
     def add_pointwise(node: fx.Node) -> None:
         if not group.accepts(node):
@@ -202,7 +219,10 @@ def lower_graph(gm: fx.GraphModule, fallback_mode: str = "warn",
         except Unsupported as exc:
             fall_back(node, f"{op_name(node)}: {exc}")
             continue
-        steps.append(KernelStep(spec))
+        if node.target in matmul.EPILOGUE_ANCHORS:
+            flush(node, spec)  # held open: pointwise consumers may fuse as its epilogue
+        else:
+            steps.append(KernelStep(spec))
         produced_by_kernel.update(out for out in spec.outputs if isinstance(out, fx.Node))
         for out in spec.outputs:
             if isinstance(out, fx.Node):

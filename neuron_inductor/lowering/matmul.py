@@ -279,6 +279,8 @@ def lower_addmm(node: fx.Node) -> KernelSpec:
 
 
 _MATMUL_LOWERINGS = {aten.mm.default: lower_mm, aten.bmm.default: lower_mm, aten.addmm.default: lower_addmm}
+# Ops whose pointwise consumers the graph lowering offers to `lower_matmul_with_epilogue`.
+EPILOGUE_ANCHORS = frozenset(_MATMUL_LOWERINGS)
 
 
 def lower_matmul_with_epilogue(mm_node: fx.Node, epilogue_nodes: list[fx.Node], outputs: list[fx.Node]) -> KernelSpec:
