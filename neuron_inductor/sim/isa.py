@@ -121,6 +121,21 @@ def _f32(t) -> torch.Tensor:
     return data if data.dtype is _F32 else data.to(_F32)
 
 
+def _f32_reused(t) -> torch.Tensor:
+    """_f32 for operands read many times (matmul tiles): the allocation is converted once per version."""
+    data = t.data
+    alloc = t.alloc
+    storage = alloc.storage
+    if data.dtype is _F32 or data.dtype is not storage.dtype or data.numel() * 8 < storage.numel():
+        return _f32(t)
+    version = storage._version  # shared by every view: bumps on any in-place write
+    if alloc.f32_version != version:
+        alloc.f32 = storage.to(_F32)
+        alloc.f32_version = version
+    view = alloc.f32.as_strided(data.size(), data.stride(), data.storage_offset())
+    return view if view.dim() == 2 else view.reshape(view.shape[0], -1)
+
+
 def _i64(t) -> torch.Tensor:
     return _flat(t).to(_I64)
 
@@ -213,8 +228,7 @@ def nc_matmul(dst, stationary, moving, is_stationary_onezero=False, is_moving_on
     if tile_position or tile_size:
         _check_tile_position(op, k, m, tile_position, tile_size)
 
-    result = torch.mm(_f32(stationary).t(), _f32(moving))
-    _accumulate(op, dst, result, accumulate)
+    _accumulate_matmul(op, dst, _f32_reused(stationary).t(), _f32_reused(moving), accumulate)
     if ACTIVE:
         record("tensor", "nc_matmul", 2 * k * m * n, _bytes(stationary, moving, dst), n, k,
                (("dst", dst), ("stationary", stationary), ("moving", moving)))
@@ -229,17 +243,19 @@ def _check_tile_position(op, k, m, tile_position, tile_size):
                    f"stationary [{k}, {m}] in PE tile at {tuple(tile_position)} of size {tuple(tile_size)}")
 
 
-def _accumulate(op, dst, result, accumulate):
-    if accumulate is False:
-        _write(dst, result)
-        return
-    state, mask = tensors.written_state(dst)
+def _accumulate_matmul(op, dst, lhs, rhs, accumulate):
+    """dst (PSUM) = lhs @ rhs, or += where the accumulate mode and written state say so."""
+    state, mask = (tensors.UNWRITTEN, None) if accumulate is False else tensors.written_state(dst)
     if accumulate is True:
         rules.accumulate_into_written(op, state == tensors.WRITTEN)
+    data = dst.data
+    in_place = data.dtype is _F32 and dst.dtype is dtypes.float32 and data.dim() == 2
+    if state == tensors.WRITTEN and in_place:
+        data.addmm_(lhs, rhs)  # fp32 accumulation straight into PSUM
+        return
+    result = torch.mm(lhs, rhs)
     if state == tensors.UNWRITTEN:
         _write(dst, result)
-    elif state == tensors.WRITTEN and dst.data.dtype is _F32 and dst.dtype is dtypes.float32:
-        dst.data.add_(result.reshape(dst.data.shape))
     elif state == tensors.WRITTEN:
         _write(dst, _f32(dst) + result)
     else:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import os
 
 import numpy as np
 import torch
@@ -25,6 +26,8 @@ from . import context, rules
 from .errors import NkiError
 from .targets import get_target
 from .tensor import NkiTensor, wrap_hbm
+
+THREADS_ENV = "NEURON_INDUCTOR_SIM_THREADS"
 
 
 class Kernel:
@@ -70,17 +73,37 @@ def run(func, grid, args, kwargs):
     target = get_target()
     shared = context.SharedOutputs()
     result = None
-    for index, program_id in enumerate(itertools.product(*(range(g) for g in grid))):
-        shared.restart()
-        program = context.ProgramContext(target, program_id, grid, func.__name__, shared)
-        context.push(program)
-        try:
-            returned = func(*args, **kwargs)
-        finally:
-            context.pop()
-        if index == 0:
-            result = returned
+    threads, previous_threads = _kernel_threads(), torch.get_num_threads()
+    if threads and threads != previous_threads:
+        torch.set_num_threads(threads)
+    try:
+        for index, program_id in enumerate(itertools.product(*(range(g) for g in grid))):
+            shared.restart()
+            program = context.ProgramContext(target, program_id, grid, func.__name__, shared)
+            context.push(program)
+            try:
+                returned = func(*args, **kwargs)
+            finally:
+                context.pop()
+            if index == 0:
+                result = returned
+    finally:
+        if threads and threads != previous_threads:
+            torch.set_num_threads(previous_threads)
     return _unwrap(result, numpy_mode)
+
+
+def _kernel_threads() -> int:
+    """Torch intra-op threads while a kernel runs ($NEURON_INDUCTOR_SIM_THREADS; 0 keeps torch's setting).
+
+    Default 1: tile-sized ops gain little from intra-op parallelism, and OpenMP teams
+    waiting on descheduled threads cost milliseconds per op on a busy machine.
+    """
+    value = os.environ.get(THREADS_ENV, "1")
+    try:
+        return max(0, int(value))
+    except ValueError:
+        raise NkiError(f"{THREADS_ENV}={value!r} is not an integer") from None
 
 
 def _wrap(value):

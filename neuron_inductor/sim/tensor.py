@@ -49,7 +49,7 @@ UNWRITTEN, PARTLY_WRITTEN, WRITTEN = 0, 1, 2
 class Allocation:
     """One piece of storage; gives its bytes back to its pool when garbage-collected."""
 
-    __slots__ = ("storage", "pool", "nbytes", "written", "mask", "readonly", "__weakref__")
+    __slots__ = ("storage", "pool", "nbytes", "written", "mask", "readonly", "f32", "f32_version", "__weakref__")
 
     def __init__(self, storage: torch.Tensor, pool=None, nbytes: int = 0, readonly: bool = False):
         self.storage = storage
@@ -58,6 +58,8 @@ class Allocation:
         self.written = UNWRITTEN
         self.mask = None
         self.readonly = readonly
+        self.f32 = None  # fp32 copy of storage for reused matmul operands, valid at f32_version
+        self.f32_version = -1
 
     def __del__(self):
         if self.pool is not None:
