@@ -51,7 +51,7 @@ REDUCTIONS = {
     aten.sum.default, aten.sum.dim_IntList, aten.mean.default, aten.mean.dim, aten.amax.default,
     aten.amin.default, aten.argmax.default, aten.argmin.default, aten.logsumexp.default,
     aten.prod.default, aten.prod.dim_int, aten.any.default, aten.any.dim, aten.any.dims,
-    aten.all.default, aten.all.dim, aten.var.correction, aten.std.correction,
+    aten.all.default, aten.all.dim, aten.var.correction, aten.std.correction, aten.linalg_vector_norm.default,
 }
 
 
@@ -76,6 +76,10 @@ def input_layout(shape, symbols: frozenset) -> Layout:
 def reduced_dims(node: fx.Node) -> tuple[list[int] | None, bool]:
     """(dims, keepdim) of a reduction node; dims None means every dim."""
     target, args = node.target, list(node.args) + [None] * 3
+    if target is aten.linalg_vector_norm.default:  # (self, ord, dim, keepdim)
+        dims = node.kwargs.get("dim", args[2])
+        dims = [dims] if isinstance(dims, int) else dims
+        return (list(dims) if dims else None), bool(node.kwargs.get("keepdim", args[3] or False))
     if target in (aten.sum.default, aten.mean.default, aten.amax.default, aten.amin.default,
                   aten.prod.default, aten.any.default, aten.all.default):
         if target in (aten.amax.default, aten.amin.default):
