@@ -10,6 +10,7 @@ import io
 import json
 import logging
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -55,16 +56,16 @@ def _bucket_folders(dump_dir: Path) -> list[Path]:
 
 @pytest.fixture(scope="module")
 def training_dump(tmp_path_factory):
-    """One MLP training step compiled with dump and verify='raise': (dump folder, buckets, loss)."""
+    """One MLP training step with a dynamic batch of 100 rows (padded to the 128 bucket), compiled
+    with dump and verify='raise': (dump folder, compiled buckets)."""
     torch._dynamo.reset()
     session.clear()
     dump_dir = tmp_path_factory.mktemp("dump")
     torch.manual_seed(0)
     options = {"dump_dir": str(dump_dir), "verify": "raise", "cache_dir": str(tmp_path_factory.mktemp("cache"))}
-    model = torch.compile(MLP(), backend="neuron", options=options)
-    x, y = torch.randn(200, 48), torch.randn(200, 24)
-    loss = torch.nn.functional.mse_loss(model(x), y)
-    loss.backward()
+    model = torch.compile(MLP(), backend="neuron", options=options, dynamic=True)
+    x, y = torch.randn(100, 48), torch.randn(100, 24)
+    torch.nn.functional.mse_loss(model(x), y).backward()
     return dump_dir, list(session.BUCKETS)
 
 
@@ -102,9 +103,8 @@ def test_dump_holds_every_artifact_per_graph_bucket(training_dump):
         key = json.loads((folder / "cache_key.json").read_text())
         assert key["parts"]["graph"] == bucket.aot.graph_hash and key["parts"]["kind"] == bucket.aot.kind
         assert bucket.cache["event"] == "miss" and bucket.cache["key"] == key["key"]
-        shapes = json.loads((folder / "bucket.json").read_text())
-        assert shapes["real_input_shapes"] == shapes["compiled_input_shapes"]  # a static graph: no padding
-        assert [200, 48] in shapes["real_input_shapes"] and shapes["padding"]["fraction"] == 0
+        assert re.search(r"f32\[s\d+, 160\]", (folder / "aten_graph.py").read_text())  # symbolic sizes ...
+        assert "f32[128, 160]" in (folder / "lowered_graph.py").read_text()  # ... lowered at the bucket size
         for described in artifact.meta["kernels"]:
             name = described["name"]
             dumped = (folder / "kernels" / f"{name}.py").read_text()
@@ -163,10 +163,22 @@ def test_unwritable_dump_dir_says_what_is_accepted(tmp_path):
 # NEURON_INDUCTOR_VERIFY
 
 
-def test_verify_passes_for_a_correct_training_step(training_dump):
+def test_verify_passes_for_a_padded_training_step(training_dump):
+    """Eager runs on the real 100 rows; the forward's saved activations and the backward's inputs
+    are compared at their real sizes although the kernels ran on 128 rows."""
     _, buckets = training_dump
     assert sorted(b.aot.kind for b in buckets) == ["backward", "forward"]
     assert all(b.verify["ok"] and "matches eager" in b.verify["message"] for b in buckets)
+
+
+def test_padding_waste_counts_the_bucketed_rows(training_dump):
+    dump_dir, buckets = training_dump
+    (forward,) = [b for b in buckets if b.aot.kind == "forward"]
+    weights = 48 * 160 + 160 + 160 * 24 + 24
+    assert forward.padding == {"real_elements": weights + 100 * 48, "padded_elements": weights + 128 * 48,
+                               "fraction": 28 * 48 / (weights + 128 * 48)}
+    shapes = json.loads((forward.folder / "bucket.json").read_text())
+    assert [100, 48] in shapes["real_input_shapes"] and [128, 48] in shapes["compiled_input_shapes"]
 
 
 @pytest.fixture
@@ -251,7 +263,7 @@ def test_difference_tolerances(got, want, message):
     if message is None:
         assert result is None
     else:
-        assert result is not None and __import__("re").search(message, result), result
+        assert result is not None and re.search(message, result), result
 
 
 # ---------------------------------------------------------------------------------------------

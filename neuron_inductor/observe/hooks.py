@@ -18,6 +18,7 @@ from typing import Any, Callable
 import torch
 import torch.fx as fx
 
+from .. import bucketing
 from . import cache_events, capture, dump, progress, session, verify
 from .logs import log, log_stage_timings
 from .report import REPORT_FILE, summarize
@@ -86,6 +87,25 @@ def _aot_graph(runner: Any) -> session.AotGraph:
 # Compiled buckets
 
 
+def _real_sized(runner: Any, args: list, values: list, specs: list) -> list:
+    """`values` (a call's inputs or outputs) with bucket-padded tensors cut to their real sizes.
+
+    Padded tensors cross graph boundaries: a forward returns the activations it saves for the
+    backward still padded, and the backward receives them so. Eager comparisons and padding counts
+    need the real sizes, which the runtime's plan of the call (`args`) gives.
+    """
+    bucket = runner.plan(args).bucket
+    if bucket is None:
+        return values
+
+    def cut(value: Any, spec: Any) -> Any:
+        if isinstance(value, torch.Tensor) and isinstance(spec, tuple):
+            return bucketing.slice_tensor(value, spec, bucket.real, bucket.padded)
+        return value
+
+    return [cut(value, spec) for value, spec in zip(values, specs)]
+
+
 def _padding(program: Any, args: list) -> dict[str, float] | None:
     """Elements of the compiled (bucket) input shapes that the real inputs do not fill."""
     static_gm = getattr(program, "static_gm", None)
@@ -119,7 +139,7 @@ def on_program_compiled(runner: Any, program: Any, signature: Any, args: list) -
     artifact = program.artifact
     bucket = session.CompiledBucket(
         aot=aot, index=len(aot.buckets), signature=repr(signature), artifact=artifact,
-        padding=_padding(program, args))
+        padding=_padding(program, _real_sized(runner, args, args, runner.input_specs)))
     aot.buckets.append(bucket)
     session.BUCKETS.append(bucket)
     from ..cache import get_cache
@@ -227,7 +247,9 @@ def on_run(runner: Any, program: Any, args: list, execute: Callable[[], Any]) ->
     line = progress.ProgressLine(f"{bucket.label}")
     observers.append(progress.KernelProgress(line))
     capture.watch_first_calls(program.kernels, list(program.artifact.kernel_sources), observers)
-    reference = verify.eager_reference(runner.gm, args) if config.verify != "off" else None
+    reference = None
+    if config.verify != "off":
+        reference = verify.eager_reference(runner.gm, _real_sized(runner, args, args, runner.input_specs))
     start = time.perf_counter()
     try:
         outputs = execute()
@@ -239,7 +261,9 @@ def on_run(runner: Any, program: Any, args: list, execute: Callable[[], Any]) ->
     try:
         if reference is not None:
             listed = list(outputs) if isinstance(outputs, (tuple, list)) else [outputs]
-            checked, mismatch = verify.compare(reference, listed, args, _producers(program))
+            listed = _real_sized(runner, args, listed, runner.output_specs)
+            inputs_after = _real_sized(runner, args, args, runner.input_specs)
+            checked, mismatch = verify.compare(reference, listed, inputs_after, _producers(program))
             bucket.verify = verify.report(bucket.label, config.verify, checked, mismatch)
     finally:
         if bucket.folder is not None:

@@ -42,7 +42,7 @@ def summarize(bucket: session.CompiledBucket) -> dict[str, Any]:
             "kind": bucket.aot.kind,
             "graph_hash": bucket.aot.graph_hash,
         },
-        "bucket": {"index": bucket.index, "signature": bucket.signature},
+        "bucket": {"index": bucket.index, "signature": bucket.signature, "label": meta.get("bucket", bucket.signature)},
         "kernels": kernels,
         "fallbacks": fallbacks,
         "views": meta.get("views", 0),
@@ -138,7 +138,7 @@ def _bucket_lines(bucket: dict[str, Any]) -> list[str]:
     padding = bucket["padding"]
     lines = [
         f"graph {graph['index']} {graph['kind']} ({graph['function']}, compile {graph['compile_id']}) "
-        f"bucket {bucket['bucket']['index']}: inputs {bucket['bucket']['signature']}",
+        f"bucket {bucket['bucket']['index']} ({bucket['bucket']['label']})",
         f"  {len(bucket['kernels'])} kernel(s), {len(bucket['fallbacks'])} fallback(s), {bucket['views']} view(s); "
         f"FLOPs in kernels {_percent(bucket['flops']['kernel_share'])}; "
         f"padding waste {_percent(padding['fraction'] if padding else None)}; "
