@@ -158,6 +158,7 @@ def overhead_report(calls: int = 2000) -> dict:
         return statistics.median(samples) * 1e6
 
     results = {}
+    torch.set_num_threads(1)  # as inside kernels (see NEURON_INDUCTOR_SIM_THREADS)
     for name, (interpreted, raw) in cases.items():
         interpreted(), raw()
         results[name] = (per_call(interpreted), per_call(raw))

@@ -33,19 +33,20 @@ THREADS_ENV = "NEURON_INDUCTOR_SIM_THREADS"
 class Kernel:
     """A jit kernel: call it, or index it with a grid for an SPMD launch."""
 
-    def __init__(self, func, grid=(1,)):
+    def __init__(self, func, grid=(1,), platform_target=None):
         self.func = func
         self.grid = grid
+        self.platform_target = platform_target
         functools.update_wrapper(self, func)
 
     def __getitem__(self, grid) -> Kernel:
         grid = tuple(grid) if isinstance(grid, (tuple, list)) else (grid,)
         if not grid or any(not isinstance(g, int) or g < 1 for g in grid):
             raise NkiError(f"{self.func.__name__}[{grid}]: a grid is one or more positive ints")
-        return Kernel(self.func, grid)
+        return Kernel(self.func, grid, self.platform_target)
 
     def __call__(self, *args, **kwargs):
-        return run(self.func, self.grid, args, kwargs)
+        return run(self.func, self.grid, args, kwargs, self.platform_target)
 
     def __repr__(self):
         grid = "" if self.grid == (1,) else f"[{', '.join(map(str, self.grid))}]"
@@ -53,12 +54,13 @@ class Kernel:
 
 
 def jit(func=None, *, mode=None, platform_target=None, **options):
-    """`@nki.jit` or `@nki.jit(...)`; `mode` / `platform_target` are accepted and ignored (deprecated in NKI)."""
+    """`@nki.jit` or `@nki.jit(...)`. `platform_target=` (deprecated in NKI) picks the target for
+    this kernel over $NEURON_PLATFORM_TARGET_OVERRIDE; `mode` and other options are ignored."""
     if func is None:
-        return lambda f: Kernel(f)
+        return lambda f: jit(f, mode=mode, platform_target=platform_target, **options)
     if isinstance(func, Kernel):
         return func
-    return Kernel(func)
+    return Kernel(func, platform_target=platform_target)
 
 
 def simulate(kernel):
@@ -66,11 +68,11 @@ def simulate(kernel):
     return kernel if isinstance(kernel, Kernel) else Kernel(kernel)
 
 
-def run(func, grid, args, kwargs):
+def run(func, grid, args, kwargs, platform_target=None):
     numpy_mode = any(isinstance(a, np.ndarray) for a in itertools.chain(args, kwargs.values()))
     args = tuple(_wrap(a) for a in args)
     kwargs = {k: _wrap(v) for k, v in kwargs.items()}
-    target = get_target()
+    target = get_target(platform_target)
     shared = context.SharedOutputs()
     result = None
     threads, previous_threads = _kernel_threads(), torch.get_num_threads()

@@ -173,6 +173,28 @@ class NkiTensor:
             rules.reshape_keeps_partitions(data.shape[0], view.shape[0])
         return NkiTensor(view, new, self.buffer, self.alloc, self.name)
 
+    def ap(self, pattern, offset=0, scalar_offset=None, vector_offset=None, indirect_dim=0) -> NkiTensor:
+        """An access pattern [[stride, count], ...] in elements over the whole allocation (not this view).
+
+        On-chip, the first pair is the partition dim and its stride is the allocation's
+        free size. Gathers (scalar_offset / vector_offset) are not modelled.
+        """
+        if scalar_offset is not None or vector_offset is not None:
+            raise NkiError("NkiTensor.ap: scalar_offset / vector_offset gathers are not modelled by the interpreter")
+        storage = self.alloc.storage
+        if not storage.is_contiguous() or self.data.dtype is not storage.dtype:
+            raise NkiError("NkiTensor.ap needs a contiguous tensor in its own dtype")
+        strides = [operator.index(stride) for stride, _ in pattern]
+        sizes = [operator.index(count) for _, count in pattern]
+        if self.buffer.on_chip and strides and storage.dim() > 1 and strides[0] != storage.stride(0):
+            rules.fail("NkiTensor.ap", "partition stride = allocation free size", strides[0],
+                       f"partition stride {strides[0]}, expected {storage.stride(0)}")
+        last = offset + sum((n - 1) * s for s, n in zip(strides, sizes))
+        if offset < 0 or min(strides, default=0) < 0 or last >= storage.numel():
+            raise NkiIndexError(f"access pattern {pattern} at offset {offset} leaves the {storage.numel()}-element tensor")
+        view = storage.as_strided(sizes, strides, storage.storage_offset() + offset)
+        return NkiTensor(view, self.dtype, self.buffer, self.alloc, self.name)
+
     def start_partition(self) -> int:
         """First partition an on-chip view touches."""
         data = self.data

@@ -170,3 +170,13 @@ def test_lists_of_tiles_and_positional_dst():
     out = kernel(x)
     flipped = torch.flip(x.reshape(2, 32, 2, 16), dims=(0, 2)).reshape(64, 32)
     assert torch.equal(out[:32, :16], x[:32, :16] + flipped[:32, :16])
+
+
+def test_platform_target_of_jit_selects_limits():
+    def body():
+        tiles = [nl.ndarray((128, 1024), nl.float32) for _ in range(55)]  # 220 KiB: only trn3 has room
+        assert len(tiles) == 55
+
+    with pytest.raises(sim.NkiCapacityError):
+        sim.jit(body)()
+    sim.jit(platform_target="trn3")(body)()

@@ -96,3 +96,40 @@ def test_tensor_properties():
             iter(t)
 
     kernel(torch.zeros(3, 5))
+
+
+def test_access_patterns():
+    x = torch.arange(128 * 64, dtype=torch.float32).reshape(128, 64)
+
+    @sim.jit
+    def kernel(src):
+        t = nl.ndarray((128, 64), nl.float32)
+        nisa.dma_copy(dst=t, src=src)
+        every_other = t[0:64, 0:8].ap([[64, 32], [2, 16]], offset=64 + 1)  # ignores the view it is called on
+        out = nl.ndarray((32, 16), nl.float32, buffer=nl.shared_hbm)
+        nisa.dma_copy(dst=out, src=every_other)
+        rows = nl.ndarray((4, 64), nl.float32, buffer=nl.shared_hbm)
+        nisa.dma_copy(dst=rows, src=src.ap([[128, 4], [1, 64]]))  # HBM: plain element strides
+        return out, rows
+
+    out, rows = kernel(x)
+    assert torch.equal(out, x[1:33, 1:33:2])  # element 65 = row 1, col 1; rows step 64, cols step 2
+    assert torch.equal(rows, x.reshape(-1).as_strided((4, 64), (128, 1)))
+
+
+def test_access_pattern_rules():
+    @sim.jit
+    def bad_partition_stride():
+        t = nl.ndarray((128, 64), nl.float32)
+        t.ap([[32, 128], [1, 64]])
+
+    with pytest.raises(sim.NkiRuleError, match="partition stride"):
+        bad_partition_stride()
+
+    @sim.jit
+    def out_of_range():
+        t = nl.ndarray((128, 64), nl.float32)
+        t.ap([[64, 128], [1, 65]])
+
+    with pytest.raises(sim.NkiIndexError):
+        out_of_range()
