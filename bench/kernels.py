@@ -44,6 +44,7 @@ class BenchCase:
     shape: str
     dtype: torch.dtype
     target_fraction: float | None = None  # required fraction of roofline, if any
+    pre_dispatch: bool = False  # trace before CompositeImplicit decompositions (keeps _fused_rms_norm)
 
 
 @dataclass
@@ -92,7 +93,7 @@ def report_row(case: BenchCase, estimate: sim.Estimate, flops: int, hbm_bytes: i
 def run_case(case: BenchCase) -> Row:
     load_lowerings()
     fn, args = case.build()
-    gm = make_fx(fn, decomposition_table=neuron_decompositions())(*args)
+    gm = make_fx(fn, decomposition_table=neuron_decompositions(), pre_dispatch=case.pre_dispatch)(*args)
     node = next(n for n in gm.graph.nodes if n.target is case.op)
     spec = LOWERINGS[node.target](node)
     spec.name = f"k0_{spec.family}"
@@ -172,7 +173,106 @@ MATMUL_CASES = [
               torch.bfloat16),
 ]
 
-KERNELS: dict[str, BenchCase] = {case.name: case for case in MATMUL_CASES}
+# --- Attention (lowering/attention.py): flash-style SDPA forward / backward ---------------------------
+# FLOPs are the kernel's (spec.flops): causal counts the key chunks up to each query tile's diagonal,
+# ~(S + 128) / S of the strictly lower-triangular count.
+
+
+def _sdpa(batch: int, heads: int, kv_heads: int, seq: int, head_dim: int, dtype: torch.dtype, causal: bool,
+          backward: bool = False) -> Callable:
+    def build():
+        # _randn seeds by shape: draw k / v / grad wider and slice, so they differ from q (and are strided).
+        q = _randn(batch, heads, seq, head_dim, dtype=dtype)
+        k, v = (_randn(batch, kv_heads, seq, head_dim + i, dtype=dtype)[..., :head_dim] for i in (1, 2))
+        forward = aten._scaled_dot_product_flash_attention_for_cpu
+        if not backward:
+            return (lambda q, k, v: forward(q, k, v, 0.0, causal)), (q, k, v)
+        out, lse = forward(q, k, v, 0.0, causal)
+        grad = _randn(*out.shape[:-1], head_dim + 3, dtype=dtype)[..., :head_dim]
+        return (lambda *args: aten._scaled_dot_product_flash_attention_for_cpu_backward(*args, 0.0, causal),
+                (grad, q, k, v, out, lse))
+    return build
+
+
+ATTENTION_FWD = aten._scaled_dot_product_flash_attention_for_cpu.default
+ATTENTION_BWD = aten._scaled_dot_product_flash_attention_for_cpu_backward.default
+ATTENTION_CASES = [
+    BenchCase("attention_fwd_bf16_causal", ATTENTION_FWD, _sdpa(1, 8, 8, 4096, 128, torch.bfloat16, True),
+              "1x8x4096x128 causal", torch.bfloat16, target_fraction=0.40),
+    BenchCase("attention_fwd_bf16", ATTENTION_FWD, _sdpa(1, 8, 8, 2048, 128, torch.bfloat16, False),
+              "1x8x2048x128", torch.bfloat16),
+    BenchCase("attention_fwd_bf16_gqa", ATTENTION_FWD, _sdpa(1, 8, 2, 2048, 64, torch.bfloat16, True),
+              "1x8(2)x2048x64 causal", torch.bfloat16),
+    BenchCase("attention_fwd_fp32_causal", ATTENTION_FWD, _sdpa(1, 4, 4, 1024, 64, torch.float32, True),
+              "1x4x1024x64 causal", torch.float32),
+    BenchCase("attention_bwd_bf16_causal", ATTENTION_BWD, _sdpa(1, 8, 8, 4096, 128, torch.bfloat16, True, True),
+              "1x8x4096x128 causal", torch.bfloat16),
+    BenchCase("attention_bwd_bf16_gqa", ATTENTION_BWD, _sdpa(1, 8, 2, 2048, 64, torch.bfloat16, True, True),
+              "1x8(2)x2048x64 causal", torch.bfloat16),
+]
+
+# --- Norms, softmax, cross-entropy (lowering/norms.py) ---------------------------------------------
+# All memory-bound: the roofline is the HBM traffic at the core's DMA bandwidth.
+
+
+def _rms_norm(rows: int, cols: int, dtype: torch.dtype) -> Callable:
+    def build():
+        return ((lambda x, w: aten._fused_rms_norm(x, [cols], w, 1e-6)),
+                (_randn(rows, cols, dtype=dtype), _randn(cols, dtype=dtype)))
+    return build
+
+
+def _layer_norm(rows: int, cols: int, dtype: torch.dtype) -> Callable:
+    """Forward and backward in one graph (the backward node reads the forward's mean and rstd)."""
+    def build():
+        def fn(x, w, b, dy):
+            _, mean, rstd = aten.native_layer_norm(x, [cols], w, b, 1e-5)
+            return aten.native_layer_norm_backward(dy, x, [cols], mean, rstd, w, b, [True, True, True])
+        return fn, (_randn(rows, cols, dtype=dtype), _randn(cols, dtype=dtype), _randn(cols + 1, dtype=dtype)[1:],
+                    _randn(rows, cols + 1, dtype=dtype)[:, 1:])
+    return build
+
+
+def _softmax(rows: int, cols: int, dtype: torch.dtype, log: bool) -> Callable:
+    """Forward and the backward of sum(out * dy) in one graph."""
+    def build():
+        def fn(x, dy):
+            return torch.func.vjp(lambda t: torch.log_softmax(t, -1) if log else torch.softmax(t, -1), x)[1](dy)[0]
+        return fn, (_randn(rows, cols, dtype=dtype), _randn(rows, cols + 1, dtype=dtype)[:, 1:])
+    return build
+
+
+def _cross_entropy(rows: int, classes: int, dtype: torch.dtype) -> Callable:
+    """F.cross_entropy (mean) and its gradient: _log_softmax, nll_loss_forward / backward, ..."""
+    def build():
+        target = torch.randint(0, classes, (rows,), generator=torch.Generator().manual_seed(rows))
+        return (lambda x: torch.func.grad(lambda z: torch.nn.functional.cross_entropy(z, target))(x),
+                (_randn(rows, classes, dtype=dtype),))
+    return build
+
+
+NORM_CASES = [
+    BenchCase("rms_norm_bf16", aten._fused_rms_norm.default, _rms_norm(8192, 4096, torch.bfloat16), "8192x4096",
+              torch.bfloat16, target_fraction=0.60, pre_dispatch=True),
+    BenchCase("layer_norm_bf16", aten.native_layer_norm.default, _layer_norm(2048, 4096, torch.bfloat16),
+              "2048x4096 +w +b", torch.bfloat16),
+    BenchCase("layer_norm_bwd_bf16", aten.native_layer_norm_backward.default,
+              _layer_norm(2048, 4096, torch.bfloat16), "2048x4096 dx dw db", torch.bfloat16),
+    BenchCase("softmax_bf16", aten._softmax.default, _softmax(2048, 4096, torch.bfloat16, False), "2048x4096",
+              torch.bfloat16),
+    BenchCase("softmax_bwd_bf16", aten._softmax_backward_data.default, _softmax(2048, 4096, torch.bfloat16, False),
+              "2048x4096", torch.bfloat16),
+    BenchCase("log_softmax_vocab_fp32", aten._log_softmax.default, _softmax(512, 32000, torch.float32, True),
+              "512x32000", torch.float32),
+    BenchCase("log_softmax_bwd_vocab_fp32", aten._log_softmax_backward_data.default,
+              _softmax(512, 32000, torch.float32, True), "512x32000", torch.float32),
+    BenchCase("nll_loss_vocab_fp32", aten.nll_loss_forward.default, _cross_entropy(512, 32000, torch.float32),
+              "512x32000 mean", torch.float32),
+    BenchCase("nll_loss_bwd_vocab_fp32", aten.nll_loss_backward.default, _cross_entropy(512, 32000, torch.float32),
+              "512x32000 mean", torch.float32),
+]
+
+KERNELS: dict[str, BenchCase] = {case.name: case for case in MATMUL_CASES + ATTENTION_CASES + NORM_CASES}
 
 
 def main(argv: list[str]) -> int:
