@@ -354,3 +354,13 @@ def test_compile_shows_kernel_progress_on_a_terminal(monkeypatch):
     kernels = len(session.BUCKETS[0].artifact.kernel_sources)
     assert f"graph 0 inference bucket 0: first run, kernel 1/{kernels} (k0_" in shown
     assert f"kernel {kernels}/{kernels}" in shown
+
+
+@pytest.mark.slow
+def test_inspect_kernels_example_runs(tmp_path):
+    example = Path(__file__).resolve().parents[1] / "examples" / "inspect_kernels.py"
+    run = subprocess.run([sys.executable, str(example), "--dump-dir", str(tmp_path)], capture_output=True, text=True,
+                         timeout=600)
+    assert run.returncode == 0, run.stderr
+    assert "verify: matches eager" in run.stdout and "result matches the saved outputs" in run.stdout
+    assert len(_bucket_folders(tmp_path)) == 2
