@@ -14,7 +14,6 @@ import operator
 
 import pytest
 import torch
-import torch.nn.functional as F
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from neuron_inductor import sim
