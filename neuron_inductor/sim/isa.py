@@ -98,6 +98,8 @@ _ENGINE_NAMES = {None: None, engine.unknown: None, engine.tensor: "tensor", engi
 
 
 def _engine(op, value):
+    if value is engine.unknown:
+        return None
     try:
         return _ENGINE_NAMES[value]
     except (KeyError, TypeError):
@@ -382,27 +384,28 @@ def tensor_reduce(dst, op, data, axis, negate=False, keepdims=False, name=None):
     """dst = op-reduction of data over `axis` (trailing contiguous free axes), times -1 if negate."""
     api = "nisa.tensor_reduce"
     rules.reduce_op(api, op)
-    rules.tile(api, "dst", dst)
-    rules.tile(api, "data", data)
-    axes = tuple(axis) if isinstance(axis, (tuple, list)) else (axis,)
+    pd, nd = rules.operand(api, "dst", dst)
+    p, n = rules.operand(api, "data", data)
     shape = data.data.shape
-    first = rules.reduce_axes(api, axes, len(shape))[0]
-    rules.same_partitions(api, "dst", dst, "data", data)
-    kept = shape[:first]
-    kept_free = 1
-    for s in kept[1:]:
-        kept_free *= s
-    rules.same_free_size(api, "dst", rules.free_size(dst), "reduced data", kept_free)
+    first = rules.reduce_axes(api, axis, len(shape))
+    if pd != p:
+        rules.same_partitions(api, "dst", dst, "data", data)
+    reduced = 1
+    for s in shape[first:]:
+        reduced *= s
+    kept_free = n // reduced
+    if nd != kept_free:
+        rules.same_free_size(api, "dst", nd, "reduced data", kept_free)
     integer = data.dtype.kind == "int" and dst.dtype.kind == "int"
-    values = data.data.reshape(*kept, -1)
-    values = values.to(_I64 if integer else _F32)
-    result = op.reduce(values, -1)
+    values = data.data
+    if len(shape) != first + 1:
+        values = values.reshape(*shape[:first], reduced)
+    result = op.reduce(values.to(_I64 if integer else _F32), -1)
     if negate:
         result = -result
-    _write(dst, result.reshape(shape[0], kept_free))
+    _write(dst, result if first == 1 else result.reshape(p, kept_free))
     if ACTIVE:
-        n = rules.free_size(data)
-        record("vector", "tensor_reduce", shape[0] * n, _bytes(dst, data), n, shape[0], (("dst", dst), ("data", data)))
+        record("vector", "tensor_reduce", p * n, _bytes(dst, data), n, p, (("dst", dst), ("data", data)))
 
 
 def tensor_copy(dst, src, engine=engine.unknown, dtype=None, name=None):
@@ -630,14 +633,22 @@ def dma_copy(dst, src, oob_mode=oob_mode.error, dge_mode=dge_mode.unknown, name=
     _dma_copy("nisa.dma_copy", "dma_copy", dst, src, dge_mode)
 
 
+_DMA_BUFFERS = frozenset({"sbuf", "shared_hbm", "private_hbm"})
+
+
 def _dma_copy(api, op_name, dst, src, mode=dge_mode.unknown):
     for role, t in (("dst", dst), ("src", src)):
-        rules.on_chip(api, role, t, ("sbuf", "shared_hbm", "private_hbm"))
-        if t.buffer.on_chip:
+        buffer = getattr(t, "buffer", None)
+        if buffer is None or buffer.name not in _DMA_BUFFERS:
+            rules.on_chip(api, role, t, ("sbuf", "shared_hbm", "private_hbm"))
+        if buffer.on_chip:
             rules.partition_limit(api, role, t)
             rules.dtype_on_chip(api, role, t.dtype)
-    rules.element_count(api, dst.data.numel(), src.data.numel())
-    rules.dma_dtypes(api, dst, src, mode.name if isinstance(mode, Enum) else mode)
+    n = dst.data.numel()
+    if n != src.data.numel():
+        rules.element_count(api, n, src.data.numel())
+    if mode is dge_mode.hwdge:
+        rules.dma_dtypes(api, dst, src)
     if _same_storage(dst, src):
         _copy_exact(dst, src)
     elif dst.dtype.kind == "int" and src.dtype.kind == "int":
@@ -645,10 +656,9 @@ def _dma_copy(api, op_name, dst, src, mode=dge_mode.unknown):
     else:
         _write(dst, src.data.to(_F32))
     if ACTIVE:
-        n = dst.data.numel()
         nbytes = n * max(dst.dtype.itemsize, src.dtype.itemsize)
         p = dst.data.shape[0] if dst.buffer.on_chip else src.data.shape[0] if src.buffer.on_chip else 1
-        record("dma", op_name, 0, nbytes, n // max(p, 1), p, (("dst", dst), ("src", src)))
+        record("dma", op_name, 0, nbytes, n // p, p, (("dst", dst), ("src", src)))
 
 
 def dma_transpose(dst, src, axes=None, dge_mode=dge_mode.unknown, name=None):

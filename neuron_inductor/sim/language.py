@@ -236,10 +236,10 @@ def _invert(op: NkiOp, x, dtype=None):
 # ---------------------------------------------------------------------------- reductions
 
 def _reduced_shape(api, x, axis, keepdims):
-    axes = tuple(axis) if isinstance(axis, (tuple, list)) else (axis,)
     shape = x.shape
-    axes = rules.reduce_axes(api, axes, len(shape))
-    kept = shape[:axes[0]]
+    first = rules.reduce_axes(api, axis, len(shape))
+    axes = tuple(range(first, len(shape)))
+    kept = shape[:first]
     return axes, kept + (1,) * len(axes) if keepdims else kept
 
 

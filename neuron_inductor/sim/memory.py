@@ -26,8 +26,10 @@ class MemoryPool:
         self.live = 0
         self.peak = 0
 
-    def reserve(self, nbytes: int, describe) -> None:
-        rules.capacity(self, nbytes, describe)
+    def reserve(self, nbytes: int, name: str, shape: tuple, dtype) -> None:
+        """Take `nbytes` per partition for the tile `name` [shape] dtype, or raise NkiCapacityError."""
+        if self.live + nbytes > self.capacity:
+            rules.capacity(self, nbytes, f"{name + ' ' if name else ''}{list(shape)} {dtype.name}")
         self.live += nbytes
         if self.live > self.peak:
             self.peak = self.live

@@ -230,13 +230,17 @@ def psum_bank(op, role, t, target, banks: int):
              f"({span} B; nl.tile_size.psum_fmax = 512 fp32)")
 
 
-def reduce_axes(op, axes, ndim):
-    """tensor_reduce / nl reductions: trailing contiguous free axes only, never axis 0."""
+def reduce_axes(op, axis, ndim) -> int:
+    """tensor_reduce / nl reductions: trailing contiguous free axes only, never axis 0. -> first axis."""
+    if axis == ndim - 1 or axis == -1:
+        if ndim > 1:
+            return ndim - 1
+    axes = tuple(axis) if isinstance(axis, (tuple, list)) else (axis,)
     norm = sorted(a + ndim if a < 0 else a for a in axes)
     if not norm or norm[0] < 1 or norm != list(range(norm[0], ndim)):
-        fail(op, "reduce over trailing contiguous free axes, never axis 0", tuple(axes),
-             f"axis={tuple(axes)} for a {ndim}-d tile")
-    return norm
+        fail(op, "reduce over trailing contiguous free axes, never axis 0", axes,
+             f"axis={axes} for a {ndim}-d tile")
+    return norm[0]
 
 
 def accumulate_into_written(op, fully_written: bool):
@@ -256,8 +260,9 @@ def element_count(op, dst_n, src_n):
              f"dst has {dst_n} elements but src has {src_n}")
 
 
-def dma_dtypes(op, dst, src, dge_mode_name):
-    if dge_mode_name == "hwdge" and dst.dtype is not src.dtype:
+def dma_dtypes(op, dst, src):
+    """Hardware-DGE DMAs do not cast."""
+    if dst.dtype is not src.dtype:
         fail(op, "hardware DGE copies need equal dtypes", (dst.dtype.name, src.dtype.name),
              f"hwdge cannot cast {src.dtype.name} to {dst.dtype.name}")
 
@@ -297,12 +302,10 @@ def kernel_output(t):
              f"the kernel returned a tensor in {t.buffer.name}")
 
 
-def capacity(pool, nbytes, describe):
-    """`describe()` names the allocation; called only to build the error message."""
+def capacity(pool, nbytes, what):
     live = pool.live + nbytes
     if live > pool.capacity:
         name = pool.buffer_name.upper()
-        what = describe()
         raise NkiCapacityError(
             "nl.ndarray", f"live {name} bytes per partition <= {pool.capacity} on {pool.target_name}", live,
             f"allocating {what} ({nbytes} B/partition) brings live {name} to {live} B/partition, "

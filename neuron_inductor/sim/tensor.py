@@ -76,13 +76,13 @@ _RECYCLE_MAX_ELEMENTS = 1 << 23  # don't hold on to tiles bigger than 32 MiB of 
 
 def _recycle(storage: torch.Tensor) -> None:
     if storage.numel() <= _RECYCLE_MAX_ELEMENTS:
-        bucket = _RECYCLED.setdefault((storage.shape, storage.dtype), [])
+        bucket = _RECYCLED.setdefault((tuple(storage.shape), storage.dtype), [])
         if len(bucket) < _RECYCLE_PER_KEY:
             bucket.append(storage)
 
 
 def _fresh_storage(shape, dtype: torch.dtype, fill) -> torch.Tensor:
-    bucket = _RECYCLED.get((torch.Size(shape), dtype))
+    bucket = _RECYCLED.get((shape, dtype))
     if bucket:
         return bucket.pop().fill_(fill)
     return torch.full(shape, fill, dtype=dtype)
@@ -274,7 +274,7 @@ def allocate(shape, dtype: dtypes.NkiDtype, buffer: Buffer, name: str, pool) -> 
     for s in shape[1:]:
         free *= s
     nbytes = free * dtype.itemsize
-    pool.reserve(nbytes, lambda: f"{name + ' ' if name else ''}{list(shape)} {dtype.name}")
+    pool.reserve(nbytes, name, shape, dtype)
     storage = _fresh_storage(shape, storage_dtype, fill)
     return NkiTensor(storage, dtype, buffer, Allocation(storage, pool, nbytes), name)
 
