@@ -12,6 +12,11 @@ Supported: q/k/v [B, H, S, D] in fp32 / bf16 / fp16, D <= 128, Hq a multiple of 
 any Sq / Sk (remainder tiles), a float mask broadcastable to [B, Hq, Sq, Sk] (not broadcast
 along the key dim), `scale`, `is_causal`. Not supported (eager fallback with the reason):
 dropout, D > 128, key/value heads resident in SBUF beyond the budget below.
+
+Not registered: `_scaled_dot_product_efficient_attention` / `_scaled_dot_product_flash_attention`
+(and backwards) appear only when tracing on CUDA, never for this CPU-traced backend, and return
+values with no NKI counterpart (int64 philox seed / offset scalars; uint64 rng_state and SymInt
+max_q / max_k) that their backwards read. They fall back as ops without a lowering.
 """
 
 from __future__ import annotations
@@ -33,7 +38,10 @@ KV_TILE = 512     # keys per backward score tile: one PSUM bank of fp32 per part
 # Keys per forward softmax block (one max / rescale each): 4 PSUM banks of fp32 scores when P and
 # P^T are 2-byte (P^T then takes 2 banks), 2 banks for fp32 inputs (P^T as large as the scores).
 KV_BLOCK = {2: 2048, 4: 1024}
-SBUF_BUDGET = 160 * 1024  # bytes per partition for the tensors a kernel keeps per head
+# Bytes per partition for the tensors a kernel keeps per head; the rest of the 208 KiB usable on
+# trn2 is the per-tile working set (forward with a mask: ~24 KiB of score / P / P^T tiles, live
+# twice while a loop iteration allocates the next ones).
+SBUF_BUDGET = 144 * 1024
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
