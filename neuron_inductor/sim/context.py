@@ -45,17 +45,19 @@ class SharedOutputs:
         self.cursor = 0
 
 
-class _Stack(threading.local):
-    def __init__(self):
-        self.contexts = []
-
-
-_stack = _Stack()
+_local = threading.local()  # .contexts: this thread's running programs, innermost last
 _default = {}
 
 
+def _contexts() -> list:
+    contexts = getattr(_local, "contexts", None)
+    if contexts is None:
+        contexts = _local.contexts = []
+    return contexts
+
+
 def current() -> ProgramContext:
-    contexts = _stack.contexts
+    contexts = getattr(_local, "contexts", None)
     if contexts:
         return contexts[-1]
     target = get_target()
@@ -66,8 +68,8 @@ def current() -> ProgramContext:
 
 
 def push(context: ProgramContext) -> None:
-    _stack.contexts.append(context)
+    _contexts().append(context)
 
 
 def pop() -> None:
-    _stack.contexts.pop()
+    _contexts().pop()

@@ -66,8 +66,9 @@ class Instruction:
 
 def record(engine, op, flops, nbytes, free_size, partitions, operands):
     """Append one instruction to every active trace; `operands` = ((role, tensor), ...)."""
+    make = tuple.__new__  # Operand(...) without NamedTuple's Python-level __new__
     described = tuple(
-        Operand(role, tuple(t.data.shape), t.dtype.name, t.buffer.name)
+        make(Operand, (role, tuple(t.data.shape), t.dtype.name, t.buffer.name))
         for role, t in operands if getattr(t, "buffer", None) is not None
     )
     program = context.current()
