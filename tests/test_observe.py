@@ -352,8 +352,10 @@ def test_compile_shows_kernel_progress_on_a_terminal(monkeypatch):
         torch.compile(MLP(), backend="neuron")(torch.randn(8, 48))
     shown = terminal.getvalue()
     kernels = len(session.BUCKETS[0].artifact.kernel_sources)
+    assert f"neuron_inductor: compiling: render, kernel 1/{kernels} (k0_" in shown
     assert f"graph 0 inference bucket 0: first run, kernel 1/{kernels} (k0_" in shown
-    assert f"kernel {kernels}/{kernels}" in shown
+    assert f"first run, kernel {kernels}/{kernels}" in shown
+    assert shown.endswith("\r")  # the line is erased once the run finished
 
 
 @pytest.mark.slow

@@ -68,7 +68,10 @@ def on_dynamo_graph(gm: fx.GraphModule, example_inputs: list, config: Any) -> No
 
 def on_graph_runner(runner: Any) -> None:
     dynamo = session.current_dynamo_graph()
-    seconds = dynamo.seconds_since_last_mark() if dynamo else None
+    # AOTAutograd traces, decomposes and partitions before it calls the first compiler; a backward
+    # compiled later (lazily) has no decompose time of its own.
+    first = dynamo is not None and not any(aot.dynamo is dynamo for aot in session.AOT_GRAPHS.values())
+    seconds = dynamo.seconds_since_last_mark() if first else None
     aot = session.AotGraph(dynamo, runner.kind, runner.graph_hash, seconds)
     session.AOT_GRAPHS[runner] = aot
     if seconds is not None:
@@ -145,11 +148,14 @@ def on_program_compiled(runner: Any, program: Any, signature: Any, args: list) -
     from ..cache import get_cache
 
     bucket.cache = cache_events.note_lookup(get_cache(runner.config.cache_dir), bucket.label)
+    progress.compile_finished()
     meta = artifact.meta
     log.info("neuron_inductor: %s compiled: %d kernel(s), %d fallback(s), %d view(s) in %.3fs", bucket.label,
              len(meta["kernels"]), len(meta["fallbacks"]), meta.get("views", 0), meta.get("compile_seconds", 0.0))
-    log_stage_timings(bucket.label, {**(aot.dynamo.timings if aot.dynamo else {}),
-                                     **({"decompose": aot.decompose_seconds} if aot.decompose_seconds else {}),
+    # Dynamo's and AOTAutograd's stages count once, with the first bucket compiled from their graph.
+    first_of_graph = aot.dynamo is not None and not any(b.aot.dynamo is aot.dynamo for b in session.BUCKETS[:-1])
+    graph_timings = {**aot.dynamo.timings, "decompose": aot.decompose_seconds} if first_of_graph else {}
+    log_stage_timings(bucket.label, {**{k: v for k, v in graph_timings.items() if v is not None},
                                      **meta.get("timings", {})})
     if runner.config.dump_dir:
         bucket.folder = dump.bucket_folder(bucket, runner.config)

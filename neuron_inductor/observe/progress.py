@@ -2,7 +2,9 @@
 
 When stderr is not a terminal (CI, pipes, log files) nothing is printed. On a terminal the line
 appears only once a compile has taken longer than `DELAY_SECONDS`, so quick compiles stay quiet,
-and it is erased when the compile finishes.
+and it is erased when the compile finishes. Two places feed it: the compiler's render loop
+(`kernel_step`, the line of the compile in progress) and a bucket's first run (`KernelProgress`,
+each kernel's first, traced call).
 """
 
 from __future__ import annotations
@@ -45,16 +47,32 @@ def _is_terminal(stream: TextIO) -> bool:
         return False
 
 
+_compiling: ProgressLine | None = None
+
+
+def kernel_step(stage: str, position: int, count: int, name: str) -> None:
+    """Progress of the compile under way (called by the compiler per kernel of a stage)."""
+    global _compiling
+    if _compiling is None:
+        _compiling = ProgressLine("compiling")
+    _compiling.update(f"{stage}, kernel {position + 1}/{count} ({name})")
+
+
+def compile_finished() -> None:
+    global _compiling
+    if _compiling is not None:
+        _compiling.close()
+        _compiling = None
+
+
 class KernelProgress:
-    """Kernel-call observer (see capture.py): 'first run: kernel 3/12 k2_matmul'; closes after the last."""
+    """Kernel-call observer (see capture.py): 'first run, kernel 3/12 (k2_matmul)'."""
 
     def __init__(self, line: ProgressLine) -> None:
         self.line = line
 
     def before(self, name: str, position: int, count: int, args: tuple) -> Any:
         self.line.update(f"first run, kernel {position + 1}/{count} ({name})")
-        return position + 1 == count
 
-    def after(self, name: str, last: bool, result: Any) -> None:
-        if last:
-            self.line.close()
+    def after(self, name: str, state: Any, result: Any) -> None:
+        pass
