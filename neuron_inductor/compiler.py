@@ -21,6 +21,7 @@ from .codegen.render import render_kernel, template_hash
 from .codegen.wrapper import render_wrapper
 from .lowering.graph import LoweredGraph, lower_graph, op_name
 from .lowering.ir import KernelSpec
+from .observe import progress
 from .observe.accounting import node_flops
 from .toolchain import Toolchain
 
@@ -78,6 +79,7 @@ def compile_static_graph(gm: fx.GraphModule, fallback_mode: str,
     sources = {}
     for index, spec in enumerate(lowered.kernels):
         spec.name = f"k{index}_{spec.family}"
+        progress.kernel_step("render", index, len(lowered.kernels), spec.name)  # a terminal line (observe/)
         sources[spec.name] = render_kernel(spec)
     wrapper_source, constants = render_wrapper(gm, lowered)
     timings["render"] = time.perf_counter() - start
