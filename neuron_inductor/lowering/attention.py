@@ -22,12 +22,12 @@ max_q / max_k) that their backwards read. They fall back as ops without a loweri
 from __future__ import annotations
 
 import math
-import operator
 
 import torch
 import torch.fx as fx
 
 from .ir import KernelSpec, Unsupported
+from .reduction import result_values, val
 from .registry import register_lowering
 
 aten = torch.ops.aten
@@ -58,21 +58,11 @@ def bound_arguments(node: fx.Node) -> dict:
     return values
 
 
-def result_values(node: fx.Node) -> list:
-    """Outputs of a multi-output node: its getitem users, or the value metadata of unused ones."""
-    users = {user.args[1]: user for user in node.users if user.target is operator.getitem}
-    return [users.get(i, val) for i, val in enumerate(node.meta["val"])]
-
-
-def _val(value) -> torch.Tensor:
-    return value.meta["val"] if isinstance(value, fx.Node) else value
-
-
 def _shape_params(query, key, value, dropout_p, scale) -> dict:
     """Kernel params shared by forward and backward; raises Unsupported for what they do not handle."""
     if dropout_p:
         raise Unsupported("dropout > 0 in attention runs eagerly so the RNG stream matches")
-    q, k, v = _val(query), _val(key), _val(value)
+    q, k, v = val(query), val(key), val(value)
     if not (q.dim() == k.dim() == v.dim() == 4):
         raise Unsupported(f"attention kernels take [B, H, S, D] tensors, got ranks {q.dim()}, {k.dim()}, {v.dim()}")
     if not (q.dtype == k.dtype == v.dtype) or q.dtype not in DTYPES:
@@ -97,7 +87,7 @@ def _mask_params(mask, shapes: dict) -> dict | None:
     """How the kernel indexes the additive mask: per leading dim "b", "h" or "0" (broadcast)."""
     if mask is None:
         return None
-    m = _val(mask)
+    m = val(mask)
     if m.dtype not in DTYPES:
         raise Unsupported(f"attention mask of dtype {m.dtype} (the kernels add float masks)")
     full = (shapes["batch"], shapes["q_heads"], shapes["q_len"], shapes["kv_len"])
@@ -109,7 +99,7 @@ def _mask_params(mask, shapes: dict) -> dict | None:
     if shape[3] != full[3]:
         raise Unsupported("attention mask broadcast along the key dim")
     lead = [axis if size > 1 else "0" for axis, size in zip(("b", "h"), shape[:2])][4 - m.dim():]
-    return dict(lead=lead, broadcast_rows=shape[2] == 1 and full[2] > 1, dtype_size=m.element_size())
+    return dict(lead=lead, broadcast_rows=shape[2] == 1 and full[2] > 1)
 
 
 def kv_extent(shapes: dict, causal: bool, q_tile_index: int) -> int:
@@ -160,14 +150,14 @@ def lower_sdpa_forward(node: fx.Node) -> KernelSpec:
     shapes = _shape_params(args["query"], args["key"], args["value"], args["dropout_p"], args["scale"])
     mask = _mask_params(args["attn_mask"], shapes)
     causal = bool(args["is_causal"])
-    itemsize = _val(args["query"]).element_size()
+    itemsize = val(args["query"]).element_size()
     _check_sbuf("attention forward", _forward_sbuf_bytes(shapes, itemsize, mask))
     inputs = [args["query"], args["key"], args["value"]] + ([args["attn_mask"]] if mask else [])
     return KernelSpec(
         family="attention_fwd",
         params=dict(shapes, causal=causal, mask=mask, kv_block=KV_BLOCK[min(itemsize, 4)]),
         inputs=inputs,
-        outputs=result_values(node),
+        outputs=result_values(node, len(node.meta["val"])),
         flops=2 * _score_flops(shapes, causal),  # QK^T and PV
     )
 
@@ -178,7 +168,13 @@ def lower_sdpa_backward(node: fx.Node) -> KernelSpec:
     shapes = _shape_params(args["query"], args["key"], args["value"], args["dropout_p"], args["scale"])
     mask = _mask_params(args["attn_mask"], shapes)
     causal = bool(args["is_causal"])
-    itemsize = _val(args["query"]).element_size()
+    q = val(args["query"])
+    if val(args["grad_out"]).dtype != q.dtype or val(args["out"]).dtype != q.dtype:
+        raise Unsupported(f"attention backward with grad_out {val(args['grad_out']).dtype} / out "
+                          f"{val(args['out']).dtype} for {q.dtype} inputs")
+    if val(args["logsumexp"]).dtype != torch.float32:
+        raise Unsupported(f"attention backward with a {val(args['logsumexp']).dtype} logsumexp (expects fp32)")
+    itemsize = q.element_size()
     _check_sbuf("attention backward", _backward_sbuf_bytes(shapes, itemsize, mask))
     inputs = [args["grad_out"], args["query"], args["key"], args["value"], args["out"], args["logsumexp"]]
     if mask:
@@ -187,6 +183,6 @@ def lower_sdpa_backward(node: fx.Node) -> KernelSpec:
         family="attention_bwd",
         params=dict(shapes, causal=causal, mask=mask),
         inputs=inputs,
-        outputs=result_values(node),
+        outputs=result_values(node, len(node.meta["val"])),
         flops=5 * _score_flops(shapes, causal),  # QK^T, dO V^T, P^T dO, dS^T Q, dS K
     )
