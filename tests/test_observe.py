@@ -21,7 +21,7 @@ import torch.nn as nn
 
 import neuron_inductor
 from neuron_inductor.config import ConfigError
-from neuron_inductor.observe import VerifyError, progress, session, verify
+from neuron_inductor.observe import VerifyError, dump, progress, session, verify
 from neuron_inductor.observe.replay import replay
 from neuron_inductor.toolchain.simulator import SimulatorToolchain
 
@@ -157,6 +157,18 @@ def test_unwritable_dump_dir_says_what_is_accepted(tmp_path):
     compiled = torch.compile(lambda x: x * 2, backend="neuron", options={"dump_dir": str(blocker / "dump")})
     with pytest.raises(ConfigError, match="NEURON_INDUCTOR_DUMP_DIR.*cannot create.*accepted: a path to a folder"):
         compiled(torch.randn(4))
+
+
+def test_a_failing_observer_does_not_break_the_compile(tmp_path, monkeypatch, caplog):
+    def broken(*args, **kwargs):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(dump, "write_bucket", broken)
+    x = torch.randn(4, 8)
+    with caplog.at_level(logging.WARNING, logger="neuron_inductor"):
+        got = torch.compile(lambda x: x.relu() * 2, backend="neuron", options={"dump_dir": str(tmp_path)})(x)
+    torch.testing.assert_close(got, x.relu() * 2)
+    assert "observing the compile failed in on_program_compiled" in caplog.text and "disk full" in caplog.text
 
 
 # ---------------------------------------------------------------------------------------------

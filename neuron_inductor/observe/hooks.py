@@ -6,22 +6,46 @@
 - `on_run(runner, program, args, execute)`: runs a call; on a program's first call it also
   captures kernel tensors for the dump, shows progress, verifies against eager and finishes the
   bucket's report. Later calls cost one dictionary look-up.
+
+Observing never breaks a compile or a run: an unexpected error in here is logged as a warning and
+the pipeline goes on. Only the errors that are the point of a feature propagate: a bad flag value
+(ConfigError) and a verify mismatch in 'raise' mode (VerifyError).
 """
 
 from __future__ import annotations
 
+import functools
 import time
 import weakref
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, TypeVar
 
 import torch
 import torch.fx as fx
 
 from .. import bucketing
+from ..config import ConfigError
 from . import cache_events, capture, dump, progress, session, verify
 from .logs import log, log_stage_timings
 from .report import REPORT_FILE, summarize
+
+
+Hook = TypeVar("Hook", bound=Callable[..., Any])
+
+
+def _not_fatal(hook: Hook) -> Hook:
+    @functools.wraps(hook)
+    def guarded(*args, **kwargs):
+        try:
+            return hook(*args, **kwargs)
+        except (ConfigError, verify.VerifyError):
+            raise
+        except Exception:
+            log.warning("neuron_inductor: observing the compile failed in %s; compiling and running go on "
+                        "without it", hook.__name__, exc_info=True)
+            return None
+
+    return guarded  # type: ignore[return-value]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -45,6 +69,7 @@ def _dynamo_frame() -> tuple[str, float | None, str | None]:
     return function, trace_seconds, reason
 
 
+@_not_fatal
 def on_dynamo_graph(gm: fx.GraphModule, example_inputs: list, config: Any) -> None:
     function, trace_seconds, reason = _dynamo_frame()
     compile_id = torch._guards.CompileContext.current_compile_id()
@@ -66,6 +91,7 @@ def on_dynamo_graph(gm: fx.GraphModule, example_inputs: list, config: Any) -> No
               f"{trace_seconds:.3f}s" if trace_seconds is not None else "unknown time")
 
 
+@_not_fatal
 def on_graph_runner(runner: Any) -> None:
     dynamo = session.current_dynamo_graph()
     # AOTAutograd traces, decomposes and partitions before it calls the first compiler; a backward
@@ -136,6 +162,7 @@ def _cache_key(runner: Any, args: list) -> dict[str, Any]:
 _PENDING: "weakref.WeakKeyDictionary[Any, session.CompiledBucket]" = weakref.WeakKeyDictionary()
 
 
+@_not_fatal
 def on_program_compiled(runner: Any, program: Any, signature: Any, args: list) -> None:
     """`args` are the call's real (unpadded) inputs."""
     aot = _aot_graph(runner)
@@ -246,32 +273,46 @@ def on_run(runner: Any, program: Any, args: list, execute: Callable[[], Any]) ->
     bucket = _PENDING.pop(program, None)
     if bucket is None:
         return execute()
-    config = runner.config
-    observers: list[capture.KernelCallObserver] = []
-    if bucket.folder is not None:
-        observers.append(_KernelSaver(bucket.folder, bucket.artifact.meta["kernels"]))
-    line = progress.ProgressLine(f"{bucket.label}")
-    observers.append(progress.KernelProgress(line))
-    capture.watch_first_calls(program.kernels, list(program.artifact.kernel_sources), observers)
-    reference = None
-    if config.verify != "off":
-        reference = verify.eager_reference(runner.gm, _real_sized(runner, args, args, runner.input_specs))
+    started = _start_first_run(runner, program, bucket, args)
     start = time.perf_counter()
     try:
         outputs = execute()
     finally:
-        line.close()
-    bucket.artifact.meta.setdefault("timings", {})["first_run"] = time.perf_counter() - start
-    log.debug("neuron_inductor: %s first run (kernels traced) in %.3fs", bucket.label,
-              bucket.artifact.meta["timings"]["first_run"])
+        if started is not None:
+            started[0].close()
+    _finish_first_run(runner, program, bucket, args, outputs, time.perf_counter() - start,
+                      started[1] if started else None)
+    return outputs
+
+
+@_not_fatal
+def _start_first_run(runner: Any, program: Any, bucket: session.CompiledBucket,
+                     args: list) -> tuple[progress.ProgressLine, verify.Reference | None]:
+    """Watch the kernels' first calls; compute the eager reference before inputs are mutated."""
+    observers: list[capture.KernelCallObserver] = []
+    if bucket.folder is not None:
+        observers.append(_KernelSaver(bucket.folder, bucket.artifact.meta["kernels"]))
+    line = progress.ProgressLine(bucket.label)
+    observers.append(progress.KernelProgress(line))
+    capture.watch_first_calls(program.kernels, list(program.artifact.kernel_sources), observers)
+    reference = None
+    if runner.config.verify != "off":
+        reference = verify.eager_reference(runner.gm, _real_sized(runner, args, args, runner.input_specs))
+    return line, reference
+
+
+@_not_fatal
+def _finish_first_run(runner: Any, program: Any, bucket: session.CompiledBucket, args: list, outputs: Any,
+                      seconds: float, reference: verify.Reference | None) -> None:
+    bucket.artifact.meta.setdefault("timings", {})["first_run"] = seconds
+    log.debug("neuron_inductor: %s first run (kernels traced) in %.3fs", bucket.label, seconds)
     try:
         if reference is not None:
             listed = list(outputs) if isinstance(outputs, (tuple, list)) else [outputs]
             listed = _real_sized(runner, args, listed, runner.output_specs)
             inputs_after = _real_sized(runner, args, args, runner.input_specs)
             checked, mismatch = verify.compare(reference, listed, inputs_after, _producers(program))
-            bucket.verify = verify.report(bucket.label, config.verify, checked, mismatch)
+            bucket.verify = verify.report(bucket.label, runner.config.verify, checked, mismatch)
     finally:
         if bucket.folder is not None:
             _write_report(bucket)
-    return outputs
