@@ -5,9 +5,9 @@ table (so the kernels see exactly the nodes the backend gets), runs the forward 
 graphs on real values, lowers their attention nodes, runs the kernels on the values of the
 nodes' inputs and compares with float64 eager SDPA (output, logsumexp, autograd gradients) on
 the same (possibly bf16-rounded) inputs.
-Tolerances, relative to the largest reference magnitude of each tensor: fp32 2e-5 (fp32
-accumulation over <= 640 keys); bf16 2e-2 (P and dS are rounded to bf16 before their matmuls,
-as in eager bf16 SDPA, whose own error is about half of that).
+Tolerances, relative to the largest reference magnitude of each tensor (at least 0.05): fp32 2e-5
+(fp32 accumulation over <= 640 keys); bf16 1e-2 and fp16 2e-3 (P and dS are rounded before their
+matmuls, as in eager SDPA; measured: kernel bf16 <= 0.65%, eager bf16 SDPA up to 0.9%, fp16 <= 0.1%).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from neuron_inductor.lowering.registry import LOWERINGS, load_lowerings
 aten = torch.ops.aten
 FORWARD = aten._scaled_dot_product_flash_attention_for_cpu.default
 BACKWARD = aten._scaled_dot_product_flash_attention_for_cpu_backward.default
-TOLERANCE = {torch.float32: 2e-5, torch.bfloat16: 2e-2, torch.float16: 5e-3}
+TOLERANCE = {torch.float32: 2e-5, torch.bfloat16: 1e-2, torch.float16: 2e-3}
 
 load_lowerings()
 
@@ -45,7 +45,7 @@ class Case:
     kv_len: int = 37
     head_dim: int = 16
     causal: bool = False
-    mask: str = ""  # "", "bool", "additive", "padding" ([B, 1, 1, Sk] additive), "hf_min" (finfo.min rows)
+    mask: str = ""  # "", "bool", "additive", "heads" ([B, Hq, Sq, Sk]), "padding" ([B, 1, 1, Sk]), "hf_min" (finfo.min rows)
     scale: float | None = None
     gqa: str = ""  # "", "enable_gqa", "repeat" (HF's expand + reshape of k / v)
     dtype: torch.dtype = torch.float32
@@ -76,6 +76,8 @@ def make_inputs(case: Case, seed: int = 0) -> dict:
         inputs["mask"] = keep
     elif case.mask == "additive":
         inputs["mask"] = torch.randn(b, 1, sq, sk, generator=gen).to(case.dtype)
+    elif case.mask == "heads":
+        inputs["mask"] = (3 * torch.randn(b, case.q_heads, sq, sk, generator=gen)).to(case.dtype)
     elif case.mask == "padding":
         padding = torch.zeros(b, 1, 1, sk)
         padding[..., : sk // 3] = float("-inf")  # left padding: the first keys are masked out
@@ -158,7 +160,9 @@ def reference(case: Case, inputs: dict, grad_out: torch.Tensor) -> dict:
 def assert_close(actual: torch.Tensor, expected: torch.Tensor, dtype: torch.dtype, what: str):
     assert actual.dtype == (torch.float32 if what == "lse" else dtype), what
     assert actual.shape == expected.shape, what
-    scale = expected.abs().max().item() or 1.0
+    # At least 0.05: cancellation errors (dP - Delta) scale with the unit-normal inputs, not with a
+    # result that vanishes (one key: softmax is constant, dQ = 0).
+    scale = max(expected.abs().max().item(), 0.05)
     tol = TOLERANCE[dtype] * scale
     torch.testing.assert_close(actual.double(), expected, rtol=0, atol=tol, msg=lambda m: f"{what}: {m}")
 
@@ -186,6 +190,7 @@ def check(case: Case):
 CASES = [
     Case(),
     Case(batch=2, q_len=1, kv_len=37),
+    Case(q_len=5, kv_len=1, causal=True),
     Case(q_len=200, kv_len=200, head_dim=64, causal=True),
     Case(q_len=128, kv_len=128, head_dim=128, causal=True),
     Case(q_len=37, kv_len=200, head_dim=64),
@@ -200,6 +205,7 @@ CASES = [
     Case(q_len=150, kv_len=150, mask="hf_min"),
     Case(q_len=200, kv_len=200, q_heads=4, kv_heads=2, causal=True, gqa="enable_gqa"),
     Case(q_len=130, kv_len=130, q_heads=6, kv_heads=2, mask="additive", gqa="enable_gqa"),
+    Case(batch=2, q_len=70, kv_len=140, q_heads=4, kv_heads=2, mask="heads", gqa="enable_gqa"),
     Case(q_len=100, kv_len=100, q_heads=4, kv_heads=2, causal=True, gqa="repeat"),
     Case(q_len=100, kv_len=140, head_dim=64, scale=0.3),
     Case(q_len=200, kv_len=200, head_dim=64, causal=True, scale=2.0),
