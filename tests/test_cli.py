@@ -132,7 +132,7 @@ def test_replay_errors_list_the_candidates(compiled, capsys, tmp_path):
 def test_cache_list_and_show(compiled, capsys):
     dump_dir, cache_dir = compiled
     code, out, _ = run(capsys, "cache", "--cache-dir", str(cache_dir), "list")
-    assert code == 0 and out.startswith(f"1 entry, ") and "inference" in out
+    assert code == 0 and out.startswith("1 entry, ") and "inference" in out
     key = out.splitlines()[1].split()[0]
     code, out, _ = run(capsys, "cache", "--cache-dir", str(cache_dir), "show", key[:6])
     assert code == 0 and f"key {key}" in out and "kernel k0_matmul" in out and "fallback aten.i0.default" in out

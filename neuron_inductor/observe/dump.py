@@ -134,3 +134,32 @@ def save_call(folder: Path, name: str, inputs: tuple, result: Any) -> None:
     outputs = list(result) if isinstance(result, (tuple, list)) else [result]
     if all(isinstance(o, torch.Tensor) for o in outputs) and storage_bytes(outputs) <= SAVE_LIMIT_BYTES:
         torch.save([o.detach() for o in outputs], folder / "kernels" / f"{name}.outputs.pt")
+
+
+class KernelSaver:
+    """Kernel-call observer: writes each kernel's argument specs (shapes, strides, dtypes of the real
+    call) and, when small enough, its input and output tensors into the dump. See capture.py."""
+
+    def __init__(self, folder: Path, kernels: list[dict[str, Any]]) -> None:
+        self.folder = folder
+        self.described = {k["name"]: k for k in kernels}
+
+    def _write_spec(self, name: str, inputs: list, outputs: list | None) -> None:
+        kernel = self.described[name]
+        write_json(self.folder / "kernels" / f"{name}.json", {
+            "name": name, "family": kernel["family"], "flops": kernel["flops"], "ops": kernel["ops"],
+            "inputs": [tensor_spec(a) for a in inputs if isinstance(a, torch.Tensor)],
+            "outputs": None if outputs is None else [tensor_spec(o) for o in outputs if isinstance(o, torch.Tensor)],
+        })
+
+    def before(self, name: str, position: int, count: int, args: tuple) -> tuple[tuple, tuple | None]:
+        self._write_spec(name, list(args), None)  # written first, so a kernel that fails still has it
+        # Cloned: a kernel may write into an input (in-place outputs); save what it read.
+        return args, (tuple(a.clone() for a in args) if small_enough(args) else None)
+
+    def after(self, name: str, state: tuple[tuple, tuple | None], result: Any) -> None:
+        args, saved_inputs = state
+        outputs = list(result) if isinstance(result, (tuple, list)) else [result]
+        self._write_spec(name, list(args), outputs)
+        if saved_inputs is not None:
+            save_call(self.folder, name, saved_inputs, result)

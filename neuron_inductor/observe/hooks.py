@@ -17,7 +17,6 @@ from __future__ import annotations
 import functools
 import time
 import weakref
-from pathlib import Path
 from typing import Any, Callable, TypeVar
 
 import torch
@@ -135,14 +134,14 @@ def _real_sized(runner: Any, args: list, values: list, specs: list) -> list:
     return [cut(value, spec) for value, spec in zip(values, specs)]
 
 
-def _padding(program: Any, args: list) -> dict[str, float] | None:
+def _padding(program: Any, real_args: list) -> dict[str, float] | None:
     """Elements of the compiled (bucket) input shapes that the real inputs do not fill."""
     static_gm = getattr(program, "static_gm", None)
     if static_gm is None:
         return None
     placeholders = [n.meta.get("val") for n in static_gm.graph.nodes if n.op == "placeholder"]
     real = padded = 0
-    for arg, compiled in zip(args, placeholders):
+    for arg, compiled in zip(real_args, placeholders):
         if isinstance(arg, torch.Tensor) and isinstance(compiled, torch.Tensor):
             real += arg.numel()
             padded += compiled.numel()
@@ -152,7 +151,7 @@ def _padding(program: Any, args: list) -> dict[str, float] | None:
 
 def _cache_key(runner: Any, args: list) -> dict[str, Any]:
     """The compile-cache key and its parts for this call (as the runtime computes them)."""
-    from ..cache import key_of  # imported late: cache imports the compiler, which imports observe.accounting
+    from ..cache import key_of  # imported late: cache imports the compiler, which imports observe
 
     parts = runner.key_parts(runner.plan(args))
     return {"key": key_of(parts), "parts": parts}
@@ -165,15 +164,15 @@ _PENDING: "weakref.WeakKeyDictionary[Any, session.CompiledBucket]" = weakref.Wea
 @_not_fatal
 def on_program_compiled(runner: Any, program: Any, signature: Any, args: list) -> None:
     """`args` are the call's real (unpadded) inputs."""
+    from ..cache import get_cache  # imported late: cache imports the compiler, which imports observe
+
     aot = _aot_graph(runner)
     artifact = program.artifact
-    bucket = session.CompiledBucket(
-        aot=aot, index=len(aot.buckets), signature=repr(signature), artifact=artifact,
-        padding=_padding(program, _real_sized(runner, args, args, runner.input_specs)))
+    real_args = _real_sized(runner, args, args, runner.input_specs)
+    bucket = session.CompiledBucket(aot=aot, index=len(aot.buckets), signature=repr(signature), artifact=artifact,
+                                    padding=_padding(program, real_args))
     aot.buckets.append(bucket)
     session.BUCKETS.append(bucket)
-    from ..cache import get_cache
-
     bucket.cache = cache_events.note_lookup(get_cache(runner.config.cache_dir), bucket.label)
     progress.compile_finished()
     meta = artifact.meta
@@ -189,7 +188,7 @@ def on_program_compiled(runner: Any, program: Any, signature: Any, args: list) -
         dump.write_bucket(
             bucket.folder, dynamo_code=aot.dynamo.code if aot.dynamo else None, aten_gm=runner.gm,
             lowered_gm=getattr(program, "static_gm", None), artifact=artifact,
-            bucket_info={"signature": bucket.signature, "real_input_shapes": _shapes(args),
+            bucket_info={"signature": bucket.signature, "real_input_shapes": _shapes(real_args),
                          "compiled_input_shapes": _compiled_shapes(program), "padding": bucket.padding,
                          "bucket_policy": runner.config.buckets},
             cache_key=_cache_key(runner, args))
@@ -217,57 +216,6 @@ def _write_report(bucket: session.CompiledBucket) -> None:
 # First run
 
 
-class _KernelSaver:
-    """Kernel-call observer: writes each kernel's argument specs (shapes, strides, dtypes of the real
-    call) and, when small enough, its input and output tensors into the dump."""
-
-    def __init__(self, folder: Path, kernels: list[dict[str, Any]]) -> None:
-        self.folder = folder
-        self.described = {k["name"]: k for k in kernels}
-
-    def _write_spec(self, name: str, inputs: list, outputs: list | None) -> None:
-        kernel = self.described[name]
-        dump.write_json(self.folder / "kernels" / f"{name}.json", {
-            "name": name, "family": kernel["family"], "flops": kernel["flops"], "ops": kernel["ops"],
-            "inputs": [dump.tensor_spec(a) for a in inputs if isinstance(a, torch.Tensor)],
-            "outputs": None if outputs is None else [dump.tensor_spec(o) for o in outputs if isinstance(o, torch.Tensor)],
-        })
-
-    def before(self, name: str, position: int, count: int, args: tuple) -> tuple[tuple, tuple | None]:
-        self._write_spec(name, list(args), None)  # written first, so a kernel that fails still has it
-        # Cloned: a kernel may write into an input (in-place outputs); save what it read.
-        return args, (tuple(a.clone() for a in args) if dump.small_enough(args) else None)
-
-    def after(self, name: str, state: tuple[tuple, tuple | None], result: Any) -> None:
-        args, saved_inputs = state
-        outputs = list(result) if isinstance(result, (tuple, list)) else [result]
-        self._write_spec(name, list(args), outputs)
-        if saved_inputs is not None:
-            dump.save_call(self.folder, name, saved_inputs, result)
-
-
-def _producers(program: Any) -> dict[int, str]:
-    """What computed each graph output: 'kernel k3_matmul', 'host fallback aten.i0.default', ..."""
-    lowered, static_gm = getattr(program, "lowered", None), getattr(program, "static_gm", None)
-    if lowered is None or static_gm is None:
-        return {}
-    made_by: dict[fx.Node, str] = {}
-    for spec in lowered.kernels:
-        for out in spec.outputs:
-            if isinstance(out, fx.Node):
-                made_by[out] = f"kernel {spec.name}"
-    for step in lowered.fallbacks:
-        made_by[step.node] = f"host fallback {step.node.target}"
-    output = next(n for n in static_gm.graph.nodes if n.op == "output")
-    producers = {}
-    for position, node in enumerate(output.args[0]):
-        while isinstance(node, fx.Node) and node not in made_by and node.op == "call_function" and node.args:
-            node = node.args[0] if isinstance(node.args[0], fx.Node) else None  # through host views
-        if isinstance(node, fx.Node):
-            producers[position] = made_by.get(node, "a graph input" if node.op == "placeholder" else node.name)
-    return producers
-
-
 def on_run(runner: Any, program: Any, args: list, execute: Callable[[], Any]) -> Any:
     """`execute()` runs the call (pad, program, slice) on the real inputs `args` and returns the outputs."""
     bucket = _PENDING.pop(program, None)
@@ -291,7 +239,7 @@ def _start_first_run(runner: Any, program: Any, bucket: session.CompiledBucket,
     """Watch the kernels' first calls; compute the eager reference before inputs are mutated."""
     observers: list[capture.KernelCallObserver] = []
     if bucket.folder is not None:
-        observers.append(_KernelSaver(bucket.folder, bucket.artifact.meta["kernels"]))
+        observers.append(dump.KernelSaver(bucket.folder, bucket.artifact.meta["kernels"]))
     line = progress.ProgressLine(bucket.label)
     observers.append(progress.KernelProgress(line))
     capture.watch_first_calls(program.kernels, list(program.artifact.kernel_sources), observers)
@@ -311,7 +259,7 @@ def _finish_first_run(runner: Any, program: Any, bucket: session.CompiledBucket,
             listed = list(outputs) if isinstance(outputs, (tuple, list)) else [outputs]
             listed = _real_sized(runner, args, listed, runner.output_specs)
             inputs_after = _real_sized(runner, args, args, runner.input_specs)
-            checked, mismatch = verify.compare(reference, listed, inputs_after, _producers(program))
+            checked, mismatch = verify.compare(reference, listed, inputs_after, verify.output_producers(getattr(program, "lowered", None), getattr(program, "static_gm", None)))
             bucket.verify = verify.report(bucket.label, runner.config.verify, checked, mismatch)
     finally:
         if bucket.folder is not None:

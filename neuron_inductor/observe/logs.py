@@ -3,15 +3,15 @@
 `TORCH_LOGS="+neuron_inductor"` (DEBUG) or `TORCH_LOGS="neuron_inductor"` (INFO) turns it on, as does
 `torch._logging.set_logs(neuron_inductor=logging.DEBUG)`. What goes where:
 - DEBUG: per-stage timings of every compile (trace, decompose, bucket, lower, render, compile);
-- INFO:  one line per compiled graph bucket, cache hits and misses with their reasons;
-- WARNING: fallbacks (see runtime), recompiles of a frame, verify mismatches.
+- INFO:  one line per compiled graph bucket, cache hits and misses with their reasons, a frame's
+         first recompile (usually Dynamo switching to dynamic shapes);
+- WARNING: fallbacks (see runtime), further recompiles of a frame, verify mismatches.
 Every module of the package logs to this logger or a child of it.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Iterable
 
 import torch._logging
 
@@ -42,8 +42,3 @@ def format_timings(timings: dict[str, float]) -> str:
 def log_stage_timings(what: str, timings: dict[str, float]) -> None:
     if timings:
         log.debug("neuron_inductor: %s stage timings: %s", what, format_timings(timings))
-
-
-def log_lines(level: int, lines: Iterable[str]) -> None:
-    for line in lines:
-        log.log(level, "%s", line)

@@ -126,6 +126,28 @@ def _checked(reference: Reference) -> str:
     return f"{len(reference.outputs)} output(s) and the in-place-mutated inputs"
 
 
+def output_producers(lowered: Any, static_gm: fx.GraphModule | None) -> dict[int, str]:
+    """What computed each output of a lowered graph: 'kernel k3_matmul', 'host fallback aten.i0.default',
+    'a graph input' (looking through host views); empty when the program came from the cache."""
+    if lowered is None or static_gm is None:
+        return {}
+    made_by: dict[fx.Node, str] = {}
+    for spec in lowered.kernels:
+        for out in spec.outputs:
+            if isinstance(out, fx.Node):
+                made_by[out] = f"kernel {spec.name}"
+    for step in lowered.fallbacks:
+        made_by[step.node] = f"host fallback {step.node.target}"
+    output = next(n for n in static_gm.graph.nodes if n.op == "output")
+    producers = {}
+    for position, node in enumerate(output.args[0]):
+        while isinstance(node, fx.Node) and node not in made_by and node.op == "call_function" and node.args:
+            node = node.args[0] if isinstance(node.args[0], fx.Node) else None  # through host views
+        if isinstance(node, fx.Node):
+            producers[position] = made_by.get(node, "a graph input" if node.op == "placeholder" else node.name)
+    return producers
+
+
 def report(label: str, mode: str, checked: str, mismatch: str | None) -> dict[str, Any]:
     """Log (or raise, in 'raise' mode) the result; returns it for the report."""
     if mismatch is None:
