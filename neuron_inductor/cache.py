@@ -49,14 +49,17 @@ def default_cache_dir() -> Path:
     return Path(base) / "neuron_inductor"
 
 
+# The package source that shapes generated artifacts (observability, CLI and interpreter code do not).
+CODEGEN_SOURCES = ("lowering", "codegen", "passes", "compiler.py", "decompositions.py", "bucketing.py", "runtime.py")
+
+
 @functools.lru_cache(maxsize=None)
 def package_source_hash() -> str:
-    """Hash of the package's Python source: a changed lowering must not hit stale entries."""
+    """Hash of the code-generating Python source: a changed lowering must not hit stale entries."""
     root = Path(__file__).resolve().parent
     digest = hashlib.sha256()
-    for path in sorted(root.rglob("*.py")):
-        if "sim" in path.relative_to(root).parts[:1]:
-            continue  # the interpreter runs kernels; it does not shape what is generated
+    for path in sorted(p for name in CODEGEN_SOURCES for p in ([root / name] if name.endswith(".py")
+                                                                else (root / name).rglob("*.py"))):
         digest.update(str(path.relative_to(root)).encode())
         digest.update(path.read_bytes())
     return digest.hexdigest()[:16]

@@ -1,0 +1,110 @@
+"""Bucketing benchmark: train a tiny Llama-style model on variable lengths and count compiles.
+
+    python bench/bucketing.py                      # 200 steps, lengths 2..2048, cold cache
+    python bench/bucketing.py --cache-dir DIR      # run it again with the same DIR: the warm start
+
+Runs the same seeded training three ways and prints one row each:
+- `dynamic`: default `torch.compile(model, backend="neuron")` (Dynamo's first graph is static, then
+  automatic dynamic shapes give one symbolic graph that the backend runs per bucket);
+- `static`:  `dynamic=False`, as the Hugging Face Trainer passes for `neuron` (one static graph per
+  distinct length; see the printed compile count);
+- `exact`:   default compile with `buckets=off`: one kernel set per distinct length, no padding.
+
+Columns: distinct lengths and buckets touched, kernel-set compiles (forward and backward graphs
+each count), disk hits, total compile seconds, padding waste (padded / real tokens), steps that
+ran eagerly because Dynamo hit its recompile limit, wall time. Lengths start at 2 (length 1 leaves
+no next token to predict). `--host-only` runs every graph op by op on the host instead of through
+the generated kernels: it isolates bucketing and caching from kernel execution speed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from neuron_inductor import cache, compiler, config  # noqa: E402
+from neuron_inductor.bucketing import BucketPolicy  # noqa: E402
+from tests.models import TinyLlama, TinyLlamaConfig  # noqa: E402
+
+BATCH = 2
+
+
+def lengths_for(steps: int, max_len: int, seed: int) -> list[int]:
+    rng = random.Random(seed)
+    return [rng.randint(2, max_len) for _ in range(steps)]
+
+
+def train(mode: str, lengths: list[int], cache_dir: str, model_cfg: TinyLlamaConfig) -> dict:
+    torch._dynamo.reset()
+    cache._caches.clear()  # count this run only (a new process would start empty too)
+    torch.manual_seed(0)
+    model = TinyLlama(model_cfg)
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-2)
+    compile_kwargs = {"dynamic": False} if mode == "static" else {}
+    buckets = "off" if mode == "exact" else config.resolve().buckets
+    step_fn = torch.compile(model, backend="neuron", **compile_kwargs)
+    generator = torch.Generator().manual_seed(1)
+    eager_steps = 0
+    start = time.perf_counter()
+    with config.patch(cache_dir=cache_dir, buckets=buckets, fallback="allow"), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for length in lengths:
+            ids = torch.randint(0, model_cfg.vocab_size, (BATCH, length), generator=generator)
+            seen = len(caught)
+            loss = step_fn(ids, ids)
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            eager_steps += any("EAGERLY" in str(w.message) for w in caught[seen:])
+    wall = time.perf_counter() - start
+    stats = cache.cache_stats()
+    policy = BucketPolicy.parse(buckets)
+    return {
+        "mode": mode, "lengths": len(set(lengths)), "buckets": len({policy.bucket(n) for n in lengths}),
+        "compiles": stats["compiles"], "disk_hits": stats["disk_hits"], "compile_s": stats["compile_seconds"],
+        "waste": sum(policy.bucket(n) for n in lengths) / sum(lengths), "eager_steps": eager_steps, "wall_s": wall,
+        "final_loss": loss.item(),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--max-len", type=int, default=2048)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--modes", default="dynamic,static,exact")
+    parser.add_argument("--cache-dir", default=None, help="reuse a cache folder (run twice: warm start)")
+    parser.add_argument("--host-only", action="store_true", help="run graphs op by op on the host (no kernels)")
+    parser.add_argument("--layers", type=int, default=2)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    if args.host_only:
+        from tests.host_lowering import lower_on_host
+
+        compiler.lower_graph = lower_on_host
+    base = Path(args.cache_dir or tempfile.mkdtemp(prefix="neuron_inductor_bench_"))
+    lengths = lengths_for(args.steps, args.max_len, args.seed)
+    model_cfg = TinyLlamaConfig(n_layers=args.layers)
+    print(f"{args.steps} steps, batch {BATCH}, lengths 2..{args.max_len} (seed {args.seed}), cache {base}"
+          f"{' (host-only)' if args.host_only else ''}")
+    header = f"{'mode':8} {'lengths':>7} {'buckets':>7} {'compiles':>8} {'disk hits':>9} {'compile s':>9} " \
+             f"{'waste':>6} {'eager':>5} {'wall s':>7}  final loss"
+    print(header)
+    for mode in args.modes.split(","):
+        row = train(mode, lengths, str(base / mode), model_cfg)
+        print(f"{row['mode']:8} {row['lengths']:7d} {row['buckets']:7d} {row['compiles']:8d} {row['disk_hits']:9d} "
+              f"{row['compile_s']:9.2f} {row['waste']:6.2f} {row['eager_steps']:5d} {row['wall_s']:7.1f}  "
+              f"{row['final_loss']:.4f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
