@@ -20,6 +20,7 @@ import torch
 import torch.nn as nn
 
 import neuron_inductor
+from neuron_inductor import sim
 from neuron_inductor.config import ConfigError
 from neuron_inductor.observe import VerifyError, dump, progress, session, verify
 from neuron_inductor.observe.replay import replay
@@ -142,6 +143,17 @@ def test_replay_on_random_inputs_keeps_recorded_shapes(inference_dump):
     assert result.inputs_source == "random" and result.mismatch is None
     assert [list(o.shape) for o in result.outputs] == [o["shape"] for o in spec["outputs"]]
     assert result.estimate.total_seconds > 0 and result.instructions > 0
+
+
+def test_replay_under_a_real_nki_style_kernel_checks_without_an_estimate(inference_dump):
+    """Under the real nki.jit there is no interpreter trace: the replay still runs and checks."""
+    dump_dir, _ = inference_dump
+    (folder,) = _bucket_folders(dump_dir)
+    path = folder / "kernels" / "k0_matmul.py"
+    interpreted = sim.load_kernels(path.read_text(), str(path))["k0_matmul"]
+    result = replay(path, lambda *args: interpreted(*args))  # not an interpreter Kernel object
+    assert result.estimate is None and result.inputs_source == "saved" and result.mismatch is None
+    assert "estimated" not in result.summary() and "matches the saved outputs" in result.summary()
 
 
 def test_dump_dir_from_the_environment(tmp_path, monkeypatch):

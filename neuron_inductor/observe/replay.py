@@ -4,7 +4,8 @@ A dumped kernel is `kernels/kN_family.py` (its NKI source plus a `__main__` bloc
 `run_kernel_file`) with `kN_family.json` (argument specs) and, when they were small enough,
 `kN_family.inputs.pt` / `.outputs.pt` (the first run's tensors). Replays use the saved inputs
 (and check the result against the saved outputs, bit for bit: the interpreter is deterministic),
-or random inputs of the recorded shapes, strides and dtypes.
+or random inputs of the recorded shapes, strides and dtypes. A kernel file run under the real
+`nki.jit` (no interpreter, so no instruction trace) still runs and checks its result.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ class Replay:
     kernel: str
     inputs_source: str  # "saved" | "random"
     outputs: list[torch.Tensor]
-    estimate: Any  # sim.Estimate
+    estimate: Any  # sim.Estimate; None when the kernel ran under the real nki.jit
     instructions: int
     saved_outputs: list[torch.Tensor] | None
 
@@ -49,14 +50,14 @@ class Replay:
         return None
 
     def summary(self) -> str:
+        lines = [f"kernel {self.kernel} on {self.inputs_source} inputs: "
+                 + ", ".join(f"out{i} {str(o.dtype).removeprefix('torch.')}{list(o.shape)}"
+                             for i, o in enumerate(self.outputs))]
         estimate = self.estimate
-        engines = ", ".join(f"{e} {s * 1e6:.2f} us" for e, s in estimate.engine_seconds.items() if s)
-        lines = [
-            f"kernel {self.kernel} on {self.inputs_source} inputs: "
-            + ", ".join(f"out{i} {str(o.dtype).removeprefix('torch.')}{list(o.shape)}" for i, o in enumerate(self.outputs)),
-            f"estimated {estimate.target} time {estimate.total_seconds * 1e6:.2f} us ({estimate.bound}-bound); "
-            f"{self.instructions} instructions; engines: {engines}",
-        ]
+        if estimate is not None:
+            engines = ", ".join(f"{e} {s * 1e6:.2f} us" for e, s in estimate.engine_seconds.items() if s)
+            lines.append(f"estimated {estimate.target} time {estimate.total_seconds * 1e6:.2f} us "
+                         f"({estimate.bound}-bound); {self.instructions} instructions; engines: {engines}")
         if self.saved_outputs is not None and self.inputs_source == "saved":
             lines.append(f"result differs from the saved outputs: {self.mismatch}" if self.mismatch
                          else "result matches the saved outputs of the compiled run exactly")
@@ -123,11 +124,12 @@ def replay(kernel_file: str | Path, kernel: Callable | None = None, *, random: b
     with sim.trace() as recorded:
         result = kernel(*args)
     outputs = list(result) if isinstance(result, (tuple, list)) else [result]
+    interpreted = isinstance(kernel, sim.Kernel)
     return Replay(
         kernel=name,
         inputs_source="saved" if use_saved else "random",
         outputs=outputs,
-        estimate=recorded.estimate(target),
+        estimate=recorded.estimate(target) if interpreted else None,
         instructions=len(recorded.instructions),
         saved_outputs=torch.load(saved_outputs) if saved_outputs.is_file() else None,
     )
