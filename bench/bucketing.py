@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import random
-import sys
 import tempfile
 import time
 import warnings
@@ -29,11 +28,9 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from neuron_inductor import cache, compiler, config  # noqa: E402
-from neuron_inductor.bucketing import BucketPolicy  # noqa: E402
-from tests.models import TinyLlama, TinyLlamaConfig  # noqa: E402
+from neuron_inductor import cache, compiler, config
+from neuron_inductor.bucketing import BucketPolicy
+from neuron_inductor.testing import TinyLlama, TinyLlamaConfig
 
 BATCH = 2
 

@@ -6,6 +6,8 @@ package (the `torch_dynamo_backends` entry point); import it for the Python API.
 
 __version__ = "0.1.0"
 
+from .cache import cache_stats  # noqa: E402  (after __version__, which the cache key reads)
+
 
 def report():
     """What this process compiled: kernels, fallbacks, share of FLOPs in kernels, padding waste and

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from neuron_inductor import runtime
 from neuron_inductor.passes.pad_safety import make_pad_safe
 from tests.host_lowering import host_only  # noqa: F401  (fixture)
-from tests.models import TinyLlama, TinyLlamaConfig
+from neuron_inductor.testing import TinyLlama, TinyLlamaConfig
 
 LENGTHS = st.lists(st.integers(min_value=3, max_value=300), min_size=2, max_size=3)
 SETTINGS = settings(max_examples=2, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

@@ -40,7 +40,7 @@ def _literal(value, names: dict[fx.Node, str]) -> str:
     raise WrapperError(f"cannot write argument {value!r} of type {type(value).__name__} into the host wrapper")
 
 
-def _call_source(node: fx.Node, names: dict[fx.Node, str]) -> str:
+def _call_source(node: fx.Node, names: dict[fx.Node, str], namespaces: set[str]) -> str:
     args = [_literal(a, names) for a in node.args]
     args += [f"{k}={_literal(v, names)}" for k, v in node.kwargs.items()]
     if node.target is operator.getitem:
@@ -48,7 +48,9 @@ def _call_source(node: fx.Node, names: dict[fx.Node, str]) -> str:
     target = node.target
     if not isinstance(target, torch._ops.OpOverload):
         raise WrapperError(f"host step {node.format_node()} does not call an ATen op")
-    return f"aten.{target.overloadpacket.__name__}.{target._overloadname}({', '.join(args)})"
+    namespace = target.namespace  # aten, prims, ...: each bound to torch.ops.<namespace> in the wrapper
+    namespaces.add(namespace)
+    return f"{namespace}.{target.overloadpacket.__name__}.{target._overloadname}({', '.join(args)})"
 
 
 def render_wrapper(gm: fx.GraphModule, lowered: LoweredGraph, name: str = "run") -> tuple[str, list[str]]:
@@ -59,6 +61,7 @@ def render_wrapper(gm: fx.GraphModule, lowered: LoweredGraph, name: str = "run")
         names[node] = f"arg{i}"
     lines: list[str] = []
     constants: list[str] = []
+    namespaces: set[str] = set()
     # int64 values computed by kernels are int32 tensors (NKI has no 64-bit integers): widen them
     # where they reach host fallbacks or the graph's outputs.
     narrowed: set[fx.Node] = set()
@@ -92,15 +95,15 @@ def render_wrapper(gm: fx.GraphModule, lowered: LoweredGraph, name: str = "run")
                 constants.append(node.target)
                 lines.append(f"{value_name(node)} = constants[{node.target!r}]")
             elif step.kind == "view":
-                lines.append(f"{value_name(node)} = {_call_source(node, names)}  # view: no data moves")
+                lines.append(f"{value_name(node)} = {_call_source(node, names, namespaces)}  # view: no data moves")
                 if any(inp in narrowed for inp in node.all_input_nodes):
                     narrowed.add(node)
             else:
                 reason = " ".join(step.reason.split())
-                lines.append(f"{value_name(node)} = {_call_source(node, host_names())}  # fallback: {reason}")
+                lines.append(f"{value_name(node)} = {_call_source(node, host_names(), namespaces)}  # fallback: {reason}")
 
     output = next(n for n in gm.graph.nodes if n.op == "output")
     returns = _literal(list(output.args[0]), host_names())
     source = environment().get_template("wrapper.py.j2").render(
-        name=name, num_args=len(placeholders), lines=lines, returns=returns)
+        name=name, num_args=len(placeholders), lines=lines, returns=returns, namespaces=sorted(namespaces))
     return source, constants

@@ -1,4 +1,4 @@
-"""A tiny Llama-style causal language model in plain PyTorch, for tests and benchmarks.
+"""Tiny models for examples, tests and benchmarks: a Llama-style causal LM in plain PyTorch.
 
 Embedding -> N x (RMSNorm -> causal SDPA attention with rotary embeddings and grouped KV heads ->
 residual -> RMSNorm -> SwiGLU MLP -> residual) -> RMSNorm -> LM head -> cross-entropy loss.
