@@ -270,28 +270,26 @@ def nc_transpose(dst, data, engine=engine.unknown, name=None):
     chosen = _engine(op, engine)
     if chosen is None:
         chosen = "tensor" if getattr(dst, "buffer", None) is tensors.psum else "vector"
-    if chosen == "tensor":
-        rules.tile(op, "data", data, ("sbuf",))
-        rules.tile(op, "dst", dst, ("psum",))
-    else:
-        rules.tile(op, "data", data)
-        rules.tile(op, "dst", dst)
-    p, f = data.data.shape[0], rules.free_size(data)
+    on_tensor_engine = chosen == "tensor"
+    p, f = rules.operand(op, "data", data, _SBUF if on_tensor_engine else rules.ON_CHIP)
+    dst_p, dst_f = rules.operand(op, "dst", dst, _PSUM if on_tensor_engine else rules.ON_CHIP)
     rules.transpose_limit(op, chosen, p, f)
-    if dst.data.shape[0] != f or rules.free_size(dst) != p:
+    if dst_p != f or dst_f != p:
         rules.fail(op, "dst is [data free, data partitions]", list(dst.data.shape),
                    f"dst has shape {list(dst.data.shape)}, expected [{f}, {p}]")
     rules.same_dtype(op, "dst", dst, "data", data)
-    if chosen == "tensor":
+    if on_tensor_engine:
         target = context.current().target
         rules.psum_bank(op, "dst", dst, target, target.matmul_dst_banks)
     values = _flat(data).t()
+    if data.alloc is dst.alloc:
+        values = values.clone()  # in-place transpose of one allocation
     if _same_storage(dst, data):
         _write(dst, values, wrap=True)  # same dtype: bit-exact
     else:
         _write(dst, values.to(_F32))
     if ACTIVE:
-        record(chosen, "nc_transpose", p * f, _bytes(data, dst), p if chosen == "tensor" else f, p,
+        record(chosen, "nc_transpose", p * f, _bytes(data, dst), p if on_tensor_engine else f, p,
                (("dst", dst), ("data", data)))
 
 
@@ -344,7 +342,10 @@ def tensor_scalar(dst, data, op0, operand0, reverse0=False, op1=None, operand1=N
     rules.gpsimd_no_psum(api, chosen, dst, data, operand0, operand1)
 
     integer = (dst.dtype.kind == "int" and data.dtype.kind == "int" and _is_int(operand0)
-               and (op1 is None or _is_int(operand1)))
+               and (op1 is None or _is_int(operand1))
+               and op0.int_fn is not None and (op1 is None or op1.int_fn is not None))
+    if bitvec and not integer:
+        rules.fail(api, "bitvec ops need integer dtypes", (operand0, operand1), "bitvec operands must be integers")
     values = _apply_scalar_ops(data, op0, operand0, reverse0, op1, operand1, reverse1, integer)
     _write(dst, values, wrap=bitvec)
     if ACTIVE:
@@ -675,6 +676,8 @@ def dma_transpose(dst, src, axes=None, dge_mode=dge_mode.unknown, name=None):
         rules.fail(api, "dst is src transposed", list(dst.data.shape),
                    f"dst has shape {list(dst.data.shape)}, expected [{b}, {a}]")
     values = src.data.t()
+    if src.alloc is dst.alloc:
+        values = values.clone()
     if _same_storage(dst, src):
         _write(dst, values, wrap=True)
     else:

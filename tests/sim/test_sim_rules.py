@@ -242,3 +242,8 @@ def test_out_of_range_indexing():
 def test_rule_errors_are_nki_errors():
     assert issubclass(sim.NkiCapacityError, sim.NkiRuleError)
     assert issubclass(sim.NkiRuleError, sim.NkiError)
+
+
+def test_bitvec_scalar_operands_are_integers():
+    rule_error(lambda: nisa.tensor_scalar(sb((128, 4), nl.int32, 0), sb((128, 4), nl.int32, 0), nl.bitwise_and, 0.5),
+               "nisa.tensor_scalar", "bitvec ops need integer dtypes", (0.5, None))
