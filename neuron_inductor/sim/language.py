@@ -201,7 +201,9 @@ def _binary(op: NkiOp, x, y, dtype=None):
     api = f"nl.{op.name}"
     rules.alu_op(api, "op", op, ALU_KINDS)
     if not _is_tile(x) and not _is_tile(y):
-        return op.fn(torch.scalar_tensor(x), torch.scalar_tensor(y)).item()
+        exact = op.int_fn is not None and isinstance(x, int) and isinstance(y, int)
+        fn, dtype = (op.int_fn, torch.int64) if exact else (op.fn, torch.float32)
+        return fn(torch.scalar_tensor(x, dtype=dtype), torch.scalar_tensor(y, dtype=dtype)).item()
     out = dtypes.as_dtype(dtype) if dtype is not None else dtypes.promote(_dtype_of(x), _dtype_of(y))
     if _is_tile(x) and _is_tile(y):
         if x.shape != y.shape:

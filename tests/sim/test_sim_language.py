@@ -126,4 +126,4 @@ def test_load_transpose2d_and_views():
 
 
 def test_scalar_only_math():
-    assert nl.add(2, 3) == 5 and nl.maximum(1.5, -1.0) == 1.5
+    assert nl.add(2, 3) == 5 and nl.maximum(1.5, -1.0) == 1.5 and nl.bitwise_and(6, 3) == 2

@@ -2,6 +2,8 @@
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from neuron_inductor import sim
 from neuron_inductor.sim import isa as nisa
@@ -133,3 +135,23 @@ def test_access_pattern_rules():
 
     with pytest.raises(sim.NkiIndexError):
         out_of_range()
+
+
+@st.composite
+def sliced_shapes(draw):
+    shape = draw(st.lists(st.integers(1, 9), min_size=1, max_size=3))
+    index = []
+    for size in shape:
+        start = draw(st.integers(0, size - 1))
+        stop = draw(st.integers(start + 1, size))
+        index.append(slice(start, stop, draw(st.integers(1, 3))))
+    return shape, tuple(index)
+
+
+@settings(max_examples=30, deadline=None)
+@given(sliced_shapes())
+def test_slicing_matches_torch(case):
+    shape, index = case
+    x = torch.arange(int(torch.tensor(shape).prod()), dtype=torch.float32).reshape(shape)
+    expected = x[index]
+    assert torch.equal(copy_view(lambda t: t[index], tuple(expected.shape))(x), expected)
