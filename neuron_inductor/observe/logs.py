@@ -1,7 +1,8 @@
 """The `neuron_inductor` logger, registered with `torch._logging`.
 
 `TORCH_LOGS="+neuron_inductor"` (DEBUG) or `TORCH_LOGS="neuron_inductor"` (INFO) turns it on, as does
-`torch._logging.set_logs(neuron_inductor=logging.DEBUG)`. What goes where:
+`torch._logging.set_logs(modules={"neuron_inductor": logging.DEBUG})`; records then carry torch's
+format (level, time, file, Dynamo compile id) and follow TORCH_LOGS_OUT. What goes where:
 - DEBUG: per-stage timings of every compile (trace, decompose, bucket, lower, render, compile);
 - INFO:  one line per compiled graph bucket, cache hits and misses with their reasons, a frame's
          first recompile (usually Dynamo switching to dynamic shapes);
@@ -25,8 +26,9 @@ STAGES = ("trace", "decompose", "bucket", "lower", "render", "compile", "first_r
 def register_with_torch_logging() -> None:
     """Make `neuron_inductor` a named log of torch._logging (idempotent).
 
-    Naming the package in TORCH_LOGS works even before this runs (torch accepts any importable module
-    name); registering adds it to `torch._logging.set_logs(neuron_inductor=...)` and TORCH_LOGS=help.
+    TORCH_LOGS is parsed when torch is imported, before this package is: it accepts the name then
+    because torch takes any importable module name (and imports the package's subpackages to do so).
+    Registering makes the name one of torch's logs for later `set_logs` calls.
     """
     registry = torch._logging._internal.log_registry
     if not registry.is_log(LOGGER_NAME):
