@@ -78,15 +78,17 @@ def test_tensor_scalar_numbers_and_vectors(shape, dtype):
     close(out, torch.maximum(col - x.float(), torch.tensor(0.0)), dtype)
 
 
-def test_scalar_tensor_tensor():
-    x, y, c = torch.randn(128, 64), torch.randn(128, 64), torch.randn(128, 1)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(128, 512), (8, 24)])
+def test_scalar_tensor_tensor(shape, dtype):
+    x, y, c = torch.randn(shape).to(dtype), torch.randn(shape).to(dtype), torch.randn(shape[0], 1)
     out = on_tiles(lambda d, a, b, v: nisa.scalar_tensor_tensor(dst=d, data=a, op0=nl.multiply, operand0=v,
                                                                  op1=nl.add, operand1=b),
-                   (128, 64), nl.float32, x, y, c)
-    close(out, x * c + y, torch.float32)
+                   shape, nl_dtype(dtype), x, y, c)
+    close(out, x.float() * c + y.float(), dtype)
     out = on_tiles(lambda d, a, b: nisa.scalar_tensor_tensor(d, a, nl.add, 2.0, nl.subtract, b, reverse1=True),
-                   (128, 64), nl.float32, x, y)
-    close(out, y - (x + 2.0), torch.float32)
+                   shape, nl_dtype(dtype), x, y)
+    close(out, y.float() - (x.float() + 2.0), dtype)
 
 
 ACTIVATIONS = [
@@ -256,9 +258,11 @@ def test_nc_transpose_tensor_engine(p, f, dtype):
     assert torch.equal(out, x.t())
 
 
-def test_nc_transpose_vector_engine():
-    x = torch.randn(32, 16)
-    out = on_tiles(lambda d, t: nisa.nc_transpose(d, t, engine=nisa.engine.vector), (16, 32), nl.float32, x)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("p, f", [(32, 32), (32, 16), (4, 8)])
+def test_nc_transpose_vector_engine(p, f, dtype):
+    x = torch.randn(p, f).to(dtype)
+    out = on_tiles(lambda d, t: nisa.nc_transpose(d, t, engine=nisa.engine.vector), (f, p), nl_dtype(dtype), x)
     assert torch.equal(out, x.t())
 
 
@@ -271,13 +275,15 @@ def test_iota():
     assert torch.equal(out, torch.arange(16.0).expand(4, 16))
 
 
-def test_affine_select_causal_mask():
-    x = torch.randn(128, 128)
-    out = on_tiles(lambda d, t: nisa.affine_select(dst=d, pattern=[[-1, 128]], channel_multiplier=1, on_true_tile=t,
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("p, n", [(128, 512), (64, 64)])
+def test_affine_select_causal_mask(p, n, dtype):
+    x = torch.randn(p, n).to(dtype)
+    out = on_tiles(lambda d, t: nisa.affine_select(dst=d, pattern=[[-1, n]], channel_multiplier=1, on_true_tile=t,
                                                    on_false_value=-1e9, cmp_op=nl.greater_equal),
-                   (128, 128), nl.float32, x)
-    keep = torch.arange(128)[:, None] >= torch.arange(128)[None, :]
-    assert torch.equal(out, torch.where(keep, x, torch.tensor(-1e9)))
+                   (p, n), nl_dtype(dtype), x)
+    keep = torch.arange(p)[:, None] >= torch.arange(n)[None, :]
+    close(out, torch.where(keep, x.float(), torch.tensor(-1e9)), dtype)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int32])
