@@ -22,7 +22,7 @@ class ProgramContext:
     def __init__(self, target: Target, program_id=(0,), grid=(1,), kernel_name="", shared_outputs=None):
         self.target = target
         self.sbuf = MemoryPool("sbuf", target.name, target.sbuf_usable_bytes)
-        self.psum = MemoryPool("psum", target.name, target.psum_bytes)
+        self.psum = MemoryPool("psum", target.name, target.psum_bytes, target.psum_bank_bytes)
         self.program_id = program_id
         self.grid = grid
         self.kernel_name = kernel_name

@@ -5,8 +5,10 @@ reserves `prod(shape[1:]) * itemsize` bytes on every partition (the allocator ha
 an address range that spans all partitions, whatever the tile's partition count) and
 gives them back when the last view of the tile is garbage-collected. A kernel that keeps
 every loop iteration's tile alive (say, in a list) therefore really does use more SBUF.
-Not modelled: alignment padding (psum_min_align / sbuf_min_align are undocumented),
-fragmentation, bank granularity of PSUM tiles, and `address=` placement.
+PSUM tiles take whole 2 KiB banks (so at most 8 live one-bank tiles): the bank is the unit
+matmul accumulates into, and the PSUM bank rule assumes tiles start on a bank boundary.
+Not modelled: SBUF alignment padding (sbuf_min_align is undocumented), fragmentation,
+and `address=` placement.
 """
 
 from __future__ import annotations
@@ -17,17 +19,22 @@ from . import rules
 class MemoryPool:
     """Bytes per partition in use in one on-chip buffer of one NeuronCore (one program)."""
 
-    __slots__ = ("buffer_name", "target_name", "capacity", "live", "peak")
+    __slots__ = ("buffer_name", "target_name", "capacity", "granule", "live", "peak")
 
-    def __init__(self, buffer_name: str, target_name: str, capacity: int):
+    def __init__(self, buffer_name: str, target_name: str, capacity: int, granule: int = 1):
         self.buffer_name = buffer_name
         self.target_name = target_name
         self.capacity = capacity
+        self.granule = granule  # allocation unit in bytes per partition
         self.live = 0
         self.peak = 0
 
+    def size_of(self, nbytes: int) -> int:
+        """Bytes per partition a tile of `nbytes` really takes."""
+        return -(-nbytes // self.granule) * self.granule
+
     def reserve(self, nbytes: int, name: str, shape: tuple, dtype) -> None:
-        """Take `nbytes` per partition for the tile `name` [shape] dtype, or raise NkiCapacityError."""
+        """Take `nbytes` (already rounded by size_of) for the tile `name` [shape] dtype, or raise NkiCapacityError."""
         if self.live + nbytes > self.capacity:
             rules.capacity(self, nbytes, f"{name + ' ' if name else ''}{list(shape)} {dtype.name}")
         self.live += nbytes

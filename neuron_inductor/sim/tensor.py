@@ -273,7 +273,7 @@ def allocate(shape, dtype: dtypes.NkiDtype, buffer: Buffer, name: str, pool) -> 
     free = 1
     for s in shape[1:]:
         free *= s
-    nbytes = free * dtype.itemsize
+    nbytes = pool.size_of(free * dtype.itemsize)
     pool.reserve(nbytes, name, shape, dtype)
     storage = _fresh_storage(shape, storage_dtype, fill)
     return NkiTensor(storage, dtype, buffer, Allocation(storage, pool, nbytes), name)

@@ -127,3 +127,10 @@ def test_fp32_storage_flag(monkeypatch):
     monkeypatch.setenv(sim.dtypes.FP32_STORAGE_ENV, "1")
     unrounded = kernel(x)
     assert torch.equal(unrounded, x * x)
+
+
+def test_psum_tiles_take_whole_banks():
+    keep_tiles(8, 128, nl.psum)()  # eight 512 B tiles: one bank each
+    with pytest.raises(sim.NkiCapacityError) as info:
+        keep_tiles(9, 128, nl.psum)()
+    assert info.value.value == 9 * 2048
