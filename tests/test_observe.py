@@ -163,6 +163,22 @@ def test_dump_dir_from_the_environment(tmp_path, monkeypatch):
     assert (folder / "kernels" / "k0_pointwise.py").is_file()
 
 
+def test_a_cache_hit_is_dumped_and_reported_too(tmp_path):
+    def f(a, b):
+        return (a @ b).relu()
+
+    a, b = torch.randn(16, 8), torch.randn(8, 24)
+    for _ in range(2):  # the second compile of the same graph is a hit in this process's memory tier
+        torch._dynamo.reset()
+        torch.compile(f, backend="neuron", options={"dump_dir": str(tmp_path)})(a, b)
+    first, second = neuron_inductor.report().buckets
+    assert first["cache"]["event"] == "miss" and second["cache"] == {"event": "memory hit"}
+    assert second["estimated_seconds"] == first["estimated_seconds"] > 0  # estimates travel with the artifact
+    folder = Path(second["folder"])
+    assert (folder / "kernels" / "k0_matmul.py").is_file() and (folder / "kernels" / "k0_matmul.inputs.pt").is_file()
+    assert json.loads((folder / "report.json").read_text())["cache"]["event"] == "memory hit"
+
+
 def test_unwritable_dump_dir_says_what_is_accepted(tmp_path):
     blocker = tmp_path / "a_file"
     blocker.write_text("")
