@@ -54,7 +54,7 @@ def test_report_shows_kernels_fallbacks_flop_share_and_estimates(compiled, capsy
     assert code == 0
     assert "the newest run in" in out and "graph 0 inference" in out
     assert "k0_matmul" in out and "fallback aten.i0.default" in out
-    assert "FLOPs in kernels 98.5%" in out and "estimated Trn2 time" in out and "not run yet" not in out
+    assert "FLOPs in kernels 98.5%" in out and "estimated trn2 time" in out and "not run yet" not in out
 
 
 def test_report_json_from_the_environment_flag(compiled, capsys, monkeypatch):
@@ -63,6 +63,7 @@ def test_report_json_from_the_environment_flag(compiled, capsys, monkeypatch):
     code, out, _ = run(capsys, "report", "--json")
     totals = json.loads(out)["totals"]
     assert code == 0 and totals["kernels"] == 1 and totals["fallbacks"] == 1 and totals["estimated_seconds"] > 0
+    assert totals["target"] == "trn2" and totals["cache"] == {"miss": 1}
 
 
 def test_report_takes_the_newest_run_unless_all_runs(compiled, capsys, tmp_path):

@@ -170,7 +170,7 @@ def on_program_compiled(runner: Any, program: Any, signature: Any, args: list) -
     artifact = program.artifact
     real_args = _real_sized(runner, args, args, runner.input_specs)
     bucket = session.CompiledBucket(aot=aot, index=len(aot.buckets), signature=repr(signature), artifact=artifact,
-                                    padding=_padding(program, real_args))
+                                    padding=_padding(program, real_args), target=runner.config.target)
     aot.buckets.append(bucket)
     session.BUCKETS.append(bucket)
     bucket.cache = cache_events.note_lookup(get_cache(runner.config.cache_dir), bucket.label)

@@ -50,6 +50,7 @@ def summarize(bucket: session.CompiledBucket) -> dict[str, Any]:
                   "kernel_share": _share(kernel_flops, fallback_flops)},
         "padding": bucket.padding,
         # Kernels only: host fallbacks have no device estimate. None until the bucket's first run.
+        "target": bucket.target,
         "estimated_seconds": sum(ran) if len(ran) == len(kernels) and kernels else (0.0 if not kernels else None),
         "timings": {**meta.get("timings", {}), **({"total": meta["compile_seconds"]} if "compile_seconds" in meta else {})},
         "verify": bucket.verify,
@@ -94,13 +95,24 @@ class Report:
         times = [b["estimated_seconds"] for b in self.buckets]
         return None if None in times else sum(times)
 
+    @property
+    def target(self) -> str:
+        targets = {b["target"] for b in self.buckets}
+        return targets.pop() if len(targets) == 1 else "device"
+
+    @property
+    def cache_events(self) -> Counter:
+        """How often the compile cache answered 'miss', 'memory hit', 'disk hit'."""
+        return Counter(b["cache"]["event"] for b in self.buckets if b.get("cache"))
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "source": self.source,
             "totals": {
                 "buckets": len(self.buckets), "kernels": len(self.kernels), "fallbacks": len(self.fallbacks),
                 "kernel_flop_share": self.kernel_flop_share, "padding_waste": self.padding_waste,
-                "estimated_seconds": self.estimated_seconds,
+                "target": self.target, "estimated_seconds": self.estimated_seconds,
+                "cache": dict(self.cache_events),
             },
             "buckets": self.buckets,
         }
@@ -118,8 +130,11 @@ class Report:
             "",
             f"total: {len(self.kernels)} kernel(s), {len(self.fallbacks)} fallback(s){f' ({listed})' if listed else ''}; "
             f"FLOPs in kernels {_percent(self.kernel_flop_share)}; padding waste {_percent(self.padding_waste)}; "
-            f"estimated Trn2 time {_micros(self.estimated_seconds)}",
+            f"estimated {self.target} time {_micros(self.estimated_seconds)}",
         ]
+        if self.cache_events:
+            lines.append("compile cache: " + ", ".join(f"{n} {event}{'es' if event == 'miss' and n > 1 else ''}"
+                                                       for event, n in sorted(self.cache_events.items())))
         return "\n".join(lines)
 
     __repr__ = __str__
@@ -142,7 +157,7 @@ def _bucket_lines(bucket: dict[str, Any]) -> list[str]:
         f"  {len(bucket['kernels'])} kernel(s), {len(bucket['fallbacks'])} fallback(s), {bucket['views']} view(s); "
         f"FLOPs in kernels {_percent(bucket['flops']['kernel_share'])}; "
         f"padding waste {_percent(padding['fraction'] if padding else None)}; "
-        f"estimated Trn2 time {_micros(bucket['estimated_seconds'])}",
+        f"estimated {bucket['target']} time {_micros(bucket['estimated_seconds'])}",
     ]
     if bucket["kernels"]:
         width = max(len(k["name"]) for k in bucket["kernels"])

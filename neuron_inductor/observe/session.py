@@ -53,6 +53,7 @@ class CompiledBucket:
     signature: str
     artifact: Any  # compiler.CompiledArtifact; its meta["estimates"] fills in on the first run
     padding: dict[str, float] | None
+    target: str  # hardware generation the estimates are for (config option `target`)
     folder: Path | None = None
     verify: dict[str, Any] | None = None  # the first run's comparison with eager, when enabled
     cache: dict[str, Any] | None = None  # how the compile cache answered: hit or explained miss
