@@ -146,7 +146,7 @@ def _cache_explain(args: argparse.Namespace) -> int:
 
 
 def _report(args: argparse.Namespace) -> int:
-    from .observe.report import dump_report
+    from .observe.report import DumpError, dump_report
 
     folder = args.dump_dir or config.resolve().dump_dir
     if not folder:
@@ -154,7 +154,7 @@ def _report(args: argparse.Namespace) -> int:
                        "(the folder a compiling process wrote with NEURON_INDUCTOR_DUMP_DIR)")
     try:
         result = dump_report(folder, all_runs=args.all_runs)
-    except FileNotFoundError as exc:
+    except DumpError as exc:
         raise CliError(str(exc)) from None
     print(result.to_json() if args.json else result)
     return 0

@@ -85,6 +85,9 @@ def test_report_errors_say_what_to_pass(capsys, monkeypatch, tmp_path):
     assert code == 2 and "no report.json under" in err
     code, _, err = run(capsys, "report", str(tmp_path / "missing"))
     assert code == 2 and "is not a folder" in err
+    (tmp_path / "report.json").write_text(json.dumps({"format": 0}))
+    code, _, err = run(capsys, "report", str(tmp_path))
+    assert code == 2 and "written by another neuron_inductor version" in err
 
 
 # ---------------------------------------------------------------------------------------------

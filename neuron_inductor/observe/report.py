@@ -15,6 +15,11 @@ from typing import Any
 from . import session
 
 REPORT_FILE = "report.json"
+REPORT_FORMAT = 1  # bumped when the summary's keys change; dump_report reads only this format
+
+
+class DumpError(Exception):
+    """A folder is not a readable NEURON_INDUCTOR_DUMP_DIR (missing, empty, or another version's)."""
 
 
 def summarize(bucket: session.CompiledBucket) -> dict[str, Any]:
@@ -35,6 +40,7 @@ def summarize(bucket: session.CompiledBucket) -> dict[str, Any]:
     ran = [k["estimated_seconds"] for k in kernels if k["estimated_seconds"] is not None]
     dynamo = bucket.aot.dynamo
     return {
+        "format": REPORT_FORMAT,
         "graph": {
             "index": dynamo.index if dynamo else None,
             "function": dynamo.function if dynamo else None,
@@ -196,7 +202,7 @@ def dump_report(folder: str | Path, all_runs: bool = False) -> Report:
     or any folder below it (a graph, a bucket)."""
     root = Path(folder)
     if not root.is_dir():
-        raise FileNotFoundError(f"{root} is not a folder; pass a NEURON_INDUCTOR_DUMP_DIR folder")
+        raise DumpError(f"{root} is not a folder; pass a NEURON_INDUCTOR_DUMP_DIR folder")
     source = str(root)
     if not all_runs and not (root / RUN_FILE).is_file():
         run = newest_run(root)
@@ -204,6 +210,12 @@ def dump_report(folder: str | Path, all_runs: bool = False) -> Report:
             root, source = run, f"{run}, the newest run in {folder}"
     files = sorted(root.rglob(REPORT_FILE))
     if not files:
-        raise FileNotFoundError(f"no {REPORT_FILE} under {root}: is it a NEURON_INDUCTOR_DUMP_DIR folder "
+        raise DumpError(f"no {REPORT_FILE} under {root}: is it a NEURON_INDUCTOR_DUMP_DIR folder "
                                 "of a process that compiled something?")
-    return Report([json.loads(f.read_text()) for f in files], source)
+    summaries = [json.loads(f.read_text()) for f in files]
+    stale = [str(f) for f, summary in zip(files, summaries) if summary.get("format") != REPORT_FORMAT]
+    if stale:
+        raise DumpError(f"{len(stale)} {REPORT_FILE} file(s) under {root} were written by another "
+                                f"neuron_inductor version (this one reads report format {REPORT_FORMAT}), e.g. "
+                                f"{stale[0]}; dump again or pass a newer run's folder")
+    return Report(summaries, source)
