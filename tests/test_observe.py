@@ -153,7 +153,12 @@ def test_replay_under_a_real_nki_style_kernel_checks_without_an_estimate(inferen
     interpreted = sim.load_kernels(path.read_text(), str(path))["k0_matmul"]
     result = replay(path, lambda *args: interpreted(*args))  # not an interpreter Kernel object
     assert result.estimate is None and result.inputs_source == "saved" and result.mismatch is None
-    assert "estimated" not in result.summary() and "matches the saved outputs" in result.summary()
+    assert "estimated" not in result.summary()
+    assert "matches the saved outputs of the compiled run within verify's tolerances" in result.summary()
+    slightly_off = replay(path, lambda *args: interpreted(*args) * (1 + 1e-6))
+    assert slightly_off.mismatch is None  # hardware rounding may differ from the interpreter's
+    wrong = replay(path, lambda *args: interpreted(*args) + 1)
+    assert "differs from the saved output" in wrong.mismatch
 
 
 def test_dump_dir_from_the_environment(tmp_path, monkeypatch):
