@@ -331,7 +331,8 @@ def test_report_counts_kernels_fallback_flops_and_estimates():
     assert report.estimated_seconds == pytest.approx(sum(k["estimated_seconds"] for k in bucket["kernels"]))
     assert report.estimated_seconds > 0
     text = str(report)
-    assert "k0_matmul" in text and "fallback aten.i0.default" in text and "FLOPs in kernels 98.5%" in text  # 196608 / (196608 + 3072)
+    assert "k0_matmul" in text and "fallback aten.i0.default" in text
+    assert "FLOPs in kernels 98.5%" in text  # 196608 / (196608 + 3072)
     assert json.loads(report.to_json())["totals"]["fallbacks"] == 1
 
 

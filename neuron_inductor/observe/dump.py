@@ -85,8 +85,8 @@ def bucket_folder(bucket: session.CompiledBucket, config: NeuronConfig) -> Path:
 def write_json(path: Path, data: Any) -> None:
     text = json.dumps(data, indent=2, default=str)
     # Lists of numbers (shapes, strides) on one line each.
-    text = re.sub(r"\[\s+([-\d.e, \n]+?)\s+\]", lambda m: "[" + ", ".join(re.split(r",\s*", m.group(1).strip())) + "]", text)
-    path.write_text(text + "\n")
+    one_line = lambda match: "[" + ", ".join(re.split(r",\s*", match.group(1).strip())) + "]"  # noqa: E731
+    path.write_text(re.sub(r"\[\s+([-\d.e, \n]+?)\s+\]", one_line, text) + "\n")
 
 
 def graph_source(gm: fx.GraphModule, title: str) -> str:
@@ -95,7 +95,8 @@ def graph_source(gm: fx.GraphModule, title: str) -> str:
 
 
 def tensor_spec(value: torch.Tensor) -> dict[str, Any]:
-    return {"shape": list(value.shape), "stride": list(value.stride()), "dtype": str(value.dtype).removeprefix("torch.")}
+    return {"shape": list(value.shape), "stride": list(value.stride()),
+            "dtype": str(value.dtype).removeprefix("torch.")}
 
 
 def kernel_source(name: str, source: str) -> str:
@@ -111,7 +112,8 @@ def write_bucket(folder: Path, *, dynamo_code: str | None, aten_gm: fx.GraphModu
         (folder / "dynamo_graph.py").write_text(f"# The FX graph Dynamo captured\n{dynamo_code}")
     (folder / "aten_graph.py").write_text(graph_source(aten_gm, "The decomposed ATen graph from AOTAutograd"))
     if lowered_gm is not None:  # absent when the program came from the compile cache
-        (folder / "lowered_graph.py").write_text(graph_source(lowered_gm, "The static ATen graph lowered for this bucket"))
+        lowered = graph_source(lowered_gm, "The static ATen graph lowered for this bucket")
+        (folder / "lowered_graph.py").write_text(lowered)
     (folder / "wrapper.py").write_text(artifact.wrapper_source)
     write_json(folder / "bucket.json", bucket_info)
     write_json(folder / "cache_key.json", cache_key)

@@ -259,7 +259,8 @@ def _finish_first_run(runner: Any, program: Any, bucket: session.CompiledBucket,
             listed = list(outputs) if isinstance(outputs, (tuple, list)) else [outputs]
             listed = _real_sized(runner, args, listed, runner.output_specs)
             inputs_after = _real_sized(runner, args, args, runner.input_specs)
-            checked, mismatch = verify.compare(reference, listed, inputs_after, verify.output_producers(getattr(program, "lowered", None), getattr(program, "static_gm", None)))
+            producers = verify.output_producers(getattr(program, "lowered", None), getattr(program, "static_gm", None))
+            checked, mismatch = verify.compare(reference, listed, inputs_after, producers)
             bucket.verify = verify.report(bucket.label, runner.config.verify, checked, mismatch)
     finally:
         if bucket.folder is not None:

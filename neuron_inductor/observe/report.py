@@ -58,7 +58,7 @@ def summarize(bucket: session.CompiledBucket) -> dict[str, Any]:
         # Kernels only: host fallbacks have no device estimate. None until the bucket's first run.
         "target": bucket.target,
         "estimated_seconds": sum(ran) if len(ran) == len(kernels) and kernels else (0.0 if not kernels else None),
-        "timings": {**meta.get("timings", {}), **({"total": meta["compile_seconds"]} if "compile_seconds" in meta else {})},
+        "timings": {**meta.get("timings", {}), "total": meta.get("compile_seconds")},
         "verify": bucket.verify,
         "cache": bucket.cache,
         "folder": str(bucket.folder) if bucket.folder else None,
@@ -134,7 +134,8 @@ class Report:
         listed = ", ".join(f"{op} x{n}" for op, n in sorted(fallback_ops.items()))
         lines += [
             "",
-            f"total: {len(self.kernels)} kernel(s), {len(self.fallbacks)} fallback(s){f' ({listed})' if listed else ''}; "
+            f"total: {len(self.kernels)} kernel(s), {len(self.fallbacks)} fallback(s)"
+            f"{f' ({listed})' if listed else ''}; "
             f"FLOPs in kernels {_percent(self.kernel_flop_share)}; padding waste {_percent(self.padding_waste)}; "
             f"estimated {self.target} time {_micros(self.estimated_seconds)}",
         ]
