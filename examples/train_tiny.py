@@ -89,9 +89,15 @@ def main() -> None:
     print()
     print(flops_report(compiled, eager, ids))
     print()
-    print("cache:", neuron_inductor.cache_stats())
-    print()
-    print(neuron_inductor.report())
+    stats = neuron_inductor.cache_stats()
+    print(f"cache: {stats['compiles']} kernel-set compiles ({stats['compile_seconds']:.1f} s), "
+          f"{stats['disk_hits']} disk hits, {stats['memory_hits']} memory hits; per bucket: {stats['per_bucket']}")
+    report = neuron_inductor.report()
+    print(f"compiled {len(report.buckets)} graph bucket(s): {len(report.kernels)} NKI kernels, "
+          f"{len(report.fallbacks)} host fallbacks, {100 * (report.kernel_flop_share or 0):.1f}% of FLOPs in kernels, "
+          f"padding waste {100 * (report.padding_waste or 0):.1f}% of padded elements")
+    print("every kernel with its Trn2 estimate: print(neuron_inductor.report()), or run with "
+          "NEURON_INDUCTOR_DUMP_DIR=dump and read dump/")
 
 
 if __name__ == "__main__":

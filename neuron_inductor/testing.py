@@ -118,8 +118,9 @@ class TinyLlama(nn.Module):
         torch.random.set_rng_state(generator_state)
 
     def forward(self, ids: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
-        cos, sin = rotary_tables(ids.shape[1], self.cfg.head_dim, self.cfg.rope_theta, ids.device)
         x = self.embed(ids)
+        cos, sin = (t.to(x.dtype) for t in rotary_tables(ids.shape[1], self.cfg.head_dim, self.cfg.rope_theta,
+                                                         ids.device))
         for block in self.blocks:
             x = block(x, cos, sin)
         logits = self.lm_head(self.norm(x))
