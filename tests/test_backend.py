@@ -169,3 +169,75 @@ def test_kv_cache_input_mutation_runs_in_place():
 
 def test_package_exposes_version():
     assert neuron_inductor.__version__
+
+
+def _train_llama(model, batches, steps):
+    # SGD: an update proportional to the gradient keeps eager and compiled runs comparable step
+    # after step (AdamW's first update is ~lr*sign(g), which turns 1e-7 noise on tiny gradients
+    # into 1e-2 parameter differences).
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    losses, grads = [], []
+    for ids in batches[:steps]:
+        optimizer.zero_grad()
+        loss = model(ids, ids)
+        loss.backward()
+        losses.append(loss.detach().float())
+        grads.append({name.removeprefix("_orig_mod."): p.grad.detach().float().clone()
+                      for name, p in model.named_parameters()})
+        optimizer.step()
+    return losses, grads
+
+
+@pytest.mark.parametrize("dtype, tolerance", [
+    (torch.float32, dict(rtol=1e-4, atol=1e-5)),
+    # bf16: 8 mantissa bits; the kernels round at other points than eager (fp32 PSUM accumulation,
+    # fused chains rounded once), so values differ by a few bf16 ulps.
+    (torch.bfloat16, dict(rtol=5e-2, atol=5e-2)),
+])
+def test_llama_block_trains_three_steps_like_eager(dtype, tolerance):
+    from neuron_inductor.testing import TinyLlama, TinyLlamaConfig
+
+    config = TinyLlamaConfig(vocab_size=128, dim=64, n_layers=1, n_heads=4, n_kv_heads=2, ffn_dim=96)
+    eager = TinyLlama(config).to(dtype)
+    compiled = torch.compile(copy.deepcopy(eager), backend="neuron")
+    generator = torch.Generator().manual_seed(0)
+    batches = [torch.randint(0, config.vocab_size, (2, 48), generator=generator) for _ in range(3)]
+    eager_losses, eager_grads = _train_llama(eager, batches, 3)
+    losses, grads = _train_llama(compiled, batches, 3)
+    for step, (got, want) in enumerate(zip(losses, eager_losses)):
+        torch.testing.assert_close(got, want, **tolerance, msg=f"loss of step {step}")
+    for step, (step_got, step_want) in enumerate(zip(grads, eager_grads)):
+        for name, want in step_want.items():
+            scale = want.abs().max().clamp_min(1e-6)
+            torch.testing.assert_close(step_got[name] / scale, want / scale, **tolerance,
+                                       msg=f"grad of {name} in step {step}")
+
+
+@pytest.mark.slow
+def test_llama_training_step_runs_in_kernels_with_no_fallback():
+    """Issue 4: the 2-layer model's step has no host fallback and its TensorE FLOPs cover what
+    FlopCounterMode counts for the eager step (less the causal-masked half of attention)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from neuron_inductor import runtime
+    from neuron_inductor.testing import TinyLlama, TinyLlamaConfig
+
+    aten = torch.ops.aten
+    config = TinyLlamaConfig(vocab_size=256, dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=176)
+    ids = torch.randint(0, config.vocab_size, (2, 128), generator=torch.Generator().manual_seed(0))
+    first = len(runtime.COMPILED_PROGRAMS)
+    compiled = torch.compile(TinyLlama(config), backend="neuron")
+    compiled(ids, ids).backward()
+    programs = runtime.COMPILED_PROGRAMS[first:]
+    assert {p["kind"] for p in programs} == {"forward", "backward"}
+    assert [f for p in programs for f in p["artifact"].meta["fallbacks"]] == []
+    with sim.trace() as recorded:
+        compiled(ids, ids).backward()
+    with FlopCounterMode(display=False) as counter:
+        TinyLlama(config)(ids, ids).backward()
+    attention = sum(flops for op, flops in counter.get_flop_counts()["Global"].items()
+                    if op in (aten._scaled_dot_product_flash_attention_for_cpu.default,
+                              aten._scaled_dot_product_flash_attention_for_cpu_backward.default))
+    useful = counter.get_total_flops() - attention / 2
+    tensor_flops = sum(i.flops for i in recorded.instructions if i.op == "nc_matmul")
+    assert tensor_flops >= 0.98 * useful
