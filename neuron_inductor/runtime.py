@@ -202,7 +202,6 @@ class GraphRunner:
         program.lowered = lowered
         artifact.meta["compile_seconds"] = time.perf_counter() - start
         artifact.meta["bucket"] = plan.label
-        self._report_fallbacks(artifact)
         return program
 
     def program_for(self, plan: CallPlan, inputs: list, args: list) -> Program:
@@ -216,6 +215,7 @@ class GraphRunner:
             static_gm = self._static_gm(plan, inputs) if artifact.constants else None
             program = self._load_program(artifact, static_gm)
         self.programs[plan.signature] = program
+        self._report_fallbacks(artifact)  # compiled now or loaded from the cache alike
         COMPILED_PROGRAMS.append({"graph": self.graph_hash, "kind": self.kind, "signature": plan.label,
                                   "source": source, "artifact": artifact})
         observe.on_program_compiled(self, program, plan.signature, args)

@@ -125,12 +125,14 @@ _PERMUTES = {aten.t.default, aten.transpose.int, aten.permute.default}
 _RESHAPES = {aten.view.default, aten._unsafe_view.default, aten.reshape.default, aten.unsqueeze.default,
              aten.squeeze.default, aten.squeeze.dim, aten.squeeze.dims, aten.alias.default,
              aten.detach.default}
+_VIEWS = _PERMUTES | _RESHAPES | {aten.expand.default}
 
 
 def _step_back(node: fx.Node, indices: list[tuple[int, ...]], swapped: bool):
     """One view back: (input node, its batch indices, swapped) or None if `node` is not a view
     that keeps the matrix dims whole."""
-    if node.op != "call_function" or not node.args or not isinstance(node.args[0], fx.Node):
+    if (node.op != "call_function" or node.target not in _VIEWS or not node.args
+            or not isinstance(node.args[0], fx.Node)):
         return None
     source = node.args[0]
     out_shape, in_shape = tuple(_val(node).shape), tuple(_val(source).shape)
