@@ -231,9 +231,13 @@ def _normalize_index(key, shape, on_chip: bool) -> tuple:
     for dim, k in enumerate(key):
         size = shape[dim]
         if type(k) is slice:
-            step = 1 if k.step is None else operator.index(k.step)
-            start = 0 if k.start is None else operator.index(k.start)
-            stop = size if k.stop is None else operator.index(k.stop)
+            start, stop, step = k.start, k.stop, k.step
+            if step is None and type(start) is int and type(stop) is int and 0 <= start < stop <= size:
+                index.append(k)  # the common case, already in range: use as is
+                continue
+            step = 1 if step is None else operator.index(step)
+            start = 0 if start is None else operator.index(start)
+            stop = size if stop is None else operator.index(stop)
             if start < 0:
                 start += size
             if stop < 0:
