@@ -241,3 +241,18 @@ def test_llama_training_step_runs_in_kernels_with_no_fallback():
     useful = counter.get_total_flops() - attention / 2
     tensor_flops = sum(i.flops for i in recorded.instructions if i.op == "nc_matmul")
     assert tensor_flops >= 0.98 * useful
+
+
+def test_layer_norm_gelu_block_trains_like_eager():
+    """A GPT-style MLP block: LayerNorm's multi-output node feeding a matmul, GELU, residual."""
+    torch.manual_seed(0)
+    block = nn.Sequential(nn.LayerNorm(64), nn.Linear(64, 256), nn.GELU(), nn.Linear(256, 64))
+    compiled = torch.compile(copy.deepcopy(block), backend="neuron")
+    x = torch.randn(3, 40, 64)
+    want = block(x) + x
+    want.square().mean().backward()
+    got = compiled(x) + x
+    got.square().mean().backward()
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    for (name, p), q in zip(block.named_parameters(), compiled.parameters()):
+        torch.testing.assert_close(q.grad, p.grad, rtol=1e-4, atol=1e-6, msg=name)
