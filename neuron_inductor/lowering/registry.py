@@ -72,9 +72,5 @@ def load_lowerings() -> None:
     global _loaded
     if not _loaded:
         for module in LOWERING_MODULES:
-            try:
-                importlib.import_module(module)
-            except ModuleNotFoundError as exc:
-                if exc.name != module:  # a missing family module is fine while it is being written
-                    raise
+            importlib.import_module(module)
         _loaded = True
