@@ -34,14 +34,6 @@ class NkiDtype:
         self.hi = hi
         self.on_chip = on_chip
 
-    @property
-    def is_float(self) -> bool:
-        return self.kind == "float"
-
-    @property
-    def is_int(self) -> bool:
-        return self.kind == "int"
-
     def __repr__(self):
         return f"nl.{self.name}"
 

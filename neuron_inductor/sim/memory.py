@@ -19,7 +19,7 @@ from . import rules
 class MemoryPool:
     """Bytes per partition in use in one on-chip buffer of one NeuronCore (one program)."""
 
-    __slots__ = ("buffer_name", "target_name", "capacity", "granule", "live", "peak")
+    __slots__ = ("buffer_name", "target_name", "capacity", "granule", "live")
 
     def __init__(self, buffer_name: str, target_name: str, capacity: int, granule: int = 1):
         self.buffer_name = buffer_name
@@ -27,7 +27,6 @@ class MemoryPool:
         self.capacity = capacity
         self.granule = granule  # allocation unit in bytes per partition
         self.live = 0
-        self.peak = 0
 
     def size_of(self, nbytes: int) -> int:
         """Bytes per partition a tile of `nbytes` really takes."""
@@ -38,8 +37,6 @@ class MemoryPool:
         if self.live + nbytes > self.capacity:
             rules.capacity(self, nbytes, f"{name + ' ' if name else ''}{list(shape)} {dtype.name}")
         self.live += nbytes
-        if self.live > self.peak:
-            self.peak = self.live
 
     def release(self, nbytes: int) -> None:
         self.live -= nbytes
