@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import threading
 
-import torch
-
 from .memory import MemoryPool
 from .targets import Target, get_target
 
@@ -28,7 +26,7 @@ class ProgramContext:
         self.kernel_name = kernel_name
         # shared_hbm tensors of an SPMD launch: the k-th allocation of every program is one tensor.
         self.shared_outputs = shared_outputs if shared_outputs is not None else SharedOutputs()
-        self.reduce_regs = torch.full((128,), float("nan"))
+        self.reduce_regs = None  # ScalarE reduce registers: 128 fp32, made on first use
         self.reduce_regs_written = False
 
 

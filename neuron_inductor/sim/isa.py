@@ -533,6 +533,8 @@ def _activation(api, dst, op, data, bias, scale, reduce_op, reduce_res, cmd):
 
 def _reduce_registers(api, program, p, result, reduce_op, reduce_res, cmd):
     regs = program.reduce_regs
+    if regs is None:
+        regs = program.reduce_regs = torch.zeros(rules.PMAX)
     if cmd in (reduce_cmd.reduce, reduce_cmd.reset_reduce):
         rules.add_reduce(api, reduce_op)
         total = result.sum(dim=1)

@@ -86,7 +86,13 @@ def get_target(name: str | Target | None = None) -> Target:
         return name
     if name is None:
         name = os.environ.get(TARGET_ENV) or "trn2"
-    key = _ALIASES.get(name.lower(), name.lower())
-    if key not in TARGETS:
-        raise ValueError(f"unknown NKI target {name!r}; expected one of trn1, trn2, trn3 (or gen2..gen4)")
-    return TARGETS[key]
+    target = _RESOLVED.get(name)
+    if target is None:
+        key = _ALIASES.get(name.lower(), name.lower())
+        if key not in TARGETS:
+            raise ValueError(f"unknown NKI target {name!r}; expected one of trn1, trn2, trn3 (or gen2..gen4)")
+        target = _RESOLVED[name] = TARGETS[key]
+    return target
+
+
+_RESOLVED = {}  # spelling -> Target
