@@ -7,9 +7,9 @@
 
 Traces nest: every instruction is appended to every active trace, so a backend can wrap
 each kernel call in its own trace while a user's outer trace sees everything. With no
-active trace, an instruction costs one list test; with traces active, building one
-record costs about a microsecond. Records hold shapes and dtypes, never tensors, so
-tracing does not keep on-chip memory alive.
+active trace, an instruction costs one list test; with traces active, one record costs
+a few microseconds. Records hold operand shapes, dtypes and buffer names, never
+tensors, so tracing does not keep on-chip memory alive.
 """
 
 from __future__ import annotations
