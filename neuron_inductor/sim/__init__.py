@@ -26,6 +26,9 @@ Environment:
                                        simulator's NKI_PRECISE_FP=0 mode); default: real dtypes
   NEURON_PLATFORM_TARGET_OVERRIDE      trn1|gen2, trn2|gen3, trn3|gen4 (default trn2): limits,
                                        capacities and the cost model's default target
+                                       (`nki.jit(platform_target=...)` overrides it per kernel)
+  NEURON_INDUCTOR_SIM_THREADS=N        torch intra-op threads while a kernel runs (default 1:
+                                       tile ops are too small to gain; 0 keeps torch's setting)
 
 Modules: dtypes, tensor (NkiTensor, views), memory (capacity), rules (checks), ops (math
 operators), isa (nki.isa), language (nki.language), launch (nki.jit, SPMD), tracing, cost_model,
