@@ -1,0 +1,1 @@
+"""Integrations with other libraries. Hugging Face Transformers / TRL: see `integrations.hf`."""
