@@ -446,18 +446,24 @@ def reciprocal(dst, data, name=None):
 def bn_stats(dst, data, name=None):
     """Per partition: (count, mean, var*count) of the even elements, then of the odd ones."""
     api = "nisa.bn_stats"
-    rules.tile(api, "dst", dst)
-    rules.tile(api, "data", data)
-    rules.same_partitions(api, "dst", dst, "data", data)
-    n = rules.free_size(data)
+    p, n = _check_statistics(api, dst, data, 6)
     rules.bn_stats_size(api, n)
-    rules.same_free_size(api, "dst", rules.free_size(dst), "bn_stats output", 6)
     x = _f32(data)
     stats = [_count_mean_m2(x[:, 0::2]), _count_mean_m2(x[:, 1::2])]
     _write(dst, torch.cat([s for triple in stats for s in triple], dim=1))
     if ACTIVE:
-        p = data.data.shape[0]
         record("vector", "bn_stats", p * n, _bytes(dst, data), n, p, (("dst", dst), ("data", data)))
+
+
+def _check_statistics(api, dst, data, outputs):
+    """bn_stats / bn_aggr operands: same partitions, `outputs` elements per partition in dst -> (P, F)."""
+    pd, nd = rules.operand(api, "dst", dst)
+    p, n = rules.operand(api, "data", data)
+    if pd != p:
+        rules.same_partitions(api, "dst", dst, "data", data)
+    if nd != outputs:
+        rules.same_free_size(api, "dst", nd, f"{api.split('.')[-1]} output", outputs)
+    return p, n
 
 
 def _count_mean_m2(x):
@@ -473,13 +479,9 @@ def _count_mean_m2(x):
 def bn_aggr(dst, data, name=None):
     """Combine (count, mean, var*count) triples into (mean, variance) per partition."""
     api = "nisa.bn_aggr"
-    rules.tile(api, "dst", dst)
-    rules.tile(api, "data", data)
-    rules.same_partitions(api, "dst", dst, "data", data)
-    n = rules.free_size(data)
+    p, n = _check_statistics(api, dst, data, 2)
     if n % 3:
         rules.fail(api, "bn_aggr input holds (count, mean, var*count) triples", n, f"{n} elements per partition")
-    rules.same_free_size(api, "dst", rules.free_size(dst), "bn_aggr output", 2)
     triples = _f32(data).reshape(-1, n // 3, 3)
     count, mean, m2 = triples[..., 0], triples[..., 1], triples[..., 2]
     total = count.sum(dim=1, keepdim=True)
@@ -487,7 +489,6 @@ def bn_aggr(dst, data, name=None):
     var = (m2 + count * (mean - grand) ** 2).sum(dim=1, keepdim=True) / total
     _write(dst, torch.cat([grand, var], dim=1))
     if ACTIVE:
-        p = data.data.shape[0]
         record("vector", "bn_aggr", p * n, _bytes(dst, data), n, p, (("dst", dst), ("data", data)))
 
 
@@ -551,8 +552,7 @@ def _reduce_registers(api, program, p, result, reduce_op, reduce_res, cmd):
     elif cmd is not reduce_cmd.idle:
         raise NkiError(f"{api}: reduce_cmd={cmd} is not modelled by the interpreter")
     if reduce_res is not None:
-        rules.tile(api, "reduce_res", reduce_res)
-        if reduce_res.data.shape[0] != p or rules.free_size(reduce_res) != 1:
+        if rules.operand(api, "reduce_res", reduce_res) != (p, 1):
             rules.fail(api, "reduce_res is a [P, 1] tile", list(reduce_res.data.shape),
                        f"reduce_res has shape {list(reduce_res.data.shape)}, expected [{p}, 1]")
         if not program.reduce_regs_written:
@@ -578,14 +578,12 @@ def _affine_values(api, partitions, pattern, offset, channel_multiplier):
 def iota(dst, pattern, offset=0, channel_multiplier=0, name=None):
     """dst[p, i...] = offset + p * channel_multiplier + sum(step_j * i_j), computed as int32."""
     api = "nisa.iota"
-    rules.tile(api, "dst", dst, ("sbuf",))
-    p = dst.data.shape[0]
+    p, n = rules.operand(api, "dst", dst, _SBUF)
     values = _affine_values(api, p, pattern, offset, channel_multiplier)
-    rules.same_free_size(api, "dst", rules.free_size(dst), "pattern", values.shape[1])
+    rules.same_free_size(api, "dst", n, "pattern", values.shape[1])
     values = values.to(torch.int32)  # the engine produces int32
     _write(dst, values.to(_I64) if dst.dtype.kind == "int" else values.to(_F32))
     if ACTIVE:
-        n = values.shape[1]
         record("gpsimd", "iota", p * n, _bytes(dst), n, p, (("dst", dst),))
 
 
@@ -594,8 +592,8 @@ def affine_select(dst, pattern, channel_multiplier, on_true_tile, on_false_value
     api = "nisa.affine_select"
     cmp_op = OPS["equal"] if cmp_op is None else cmp_op
     rules.alu_op(api, "cmp_op", cmp_op, {"compare"})
-    p, n = _check_elementwise(api, dst, ("on_true_tile", on_true_tile))
     rules.on_chip(api, "dst", dst, ("sbuf",))
+    p, n = _check_elementwise(api, dst, ("on_true_tile", on_true_tile))
     rules.gpsimd_no_psum(api, "gpsimd", on_true_tile)
     values = _affine_values(api, p, pattern, offset, channel_multiplier)
     rules.same_free_size(api, "dst", n, "pattern", values.shape[1])
@@ -609,13 +607,12 @@ def affine_select(dst, pattern, channel_multiplier, on_true_tile, on_false_value
 def memset(dst, value, engine=engine.unknown, name=None):
     """Fill dst with `value` (GpSimd by default, VectorE for PSUM)."""
     api = "nisa.memset"
-    rules.tile(api, "dst", dst)
+    p, n = rules.operand(api, "dst", dst)
     chosen = _engine(api, engine) or ("vector" if dst.buffer is tensors.psum else "gpsimd")
     rules.gpsimd_no_psum(api, chosen, dst)
     rules.memset_value(api, value, dst.dtype)
     fill(dst, value)
     if ACTIVE:
-        p, n = dst.data.shape[0], rules.free_size(dst)
         record(chosen, "memset", p * n, _bytes(dst), n, p, (("dst", dst),))
 
 
@@ -668,7 +665,7 @@ def dma_transpose(dst, src, axes=None, dge_mode=dge_mode.unknown, name=None):
     """dst = src.T for 2-D 2-byte tensors, HBM -> SBUF or SBUF -> SBUF."""
     api = "nisa.dma_transpose"
     rules.on_chip(api, "src", src, ("sbuf", "shared_hbm", "private_hbm"))
-    rules.tile(api, "dst", dst, ("sbuf",))
+    rules.operand(api, "dst", dst, _SBUF)
     rules.two_byte_dtype(api, "src", src)
     rules.same_dtype(api, "dst", dst, "src", src)
     if src.data.dim() != 2 or (axes is not None and tuple(axes) != (1, 0)):

@@ -70,7 +70,30 @@ def operand(op, role, t, allowed=ON_CHIP):
         partition_limit(op, role, t)
     if data.storage_offset():
         start_partition(op, role, t)
-    return p, data.numel() // p
+    n = data.numel() // p
+    if data.dim() > MAX_FREE_DIMS + 1 or n > AP_MAX_SIZE or t.alloc.storage.numel() // p > AP_MAX_STRIDE:
+        access_pattern(op, role, t)
+    return p, n
+
+
+MAX_FREE_DIMS = 4
+AP_MAX_SIZE = 65535     # uint16 sizes
+AP_MAX_STRIDE = 32767   # int16 element strides
+
+
+def access_pattern(op, role, t):
+    """On-chip access patterns: <= 4 free dims, uint16 sizes, int16 element strides (§2)."""
+    data = t.data
+    free_dims = data.dim() - 1
+    if free_dims > MAX_FREE_DIMS:
+        fail(op, f"at most {MAX_FREE_DIMS} free dims in an access pattern", free_dims,
+             f"{role} view {list(data.shape)} has {free_dims} free dims")
+    for size, stride in zip(data.shape[1:], data.stride()[1:]):
+        if size > AP_MAX_SIZE:
+            fail(op, f"access-pattern sizes <= {AP_MAX_SIZE} (uint16)", size, f"{role} has a free dim of size {size}")
+        if size > 1 and stride > AP_MAX_STRIDE:
+            fail(op, f"access-pattern strides <= {AP_MAX_STRIDE} elements (int16)", stride,
+                 f"{role} has a free-dim stride of {stride} elements")
 
 
 def start_partition(op, role, t):

@@ -247,3 +247,20 @@ def test_rule_errors_are_nki_errors():
 def test_bitvec_scalar_operands_are_integers():
     rule_error(lambda: nisa.tensor_scalar(sb((128, 4), nl.int32, 0), sb((128, 4), nl.int32, 0), nl.bitwise_and, 0.5),
                "nisa.tensor_scalar", "bitvec ops need integer dtypes", (0.5, None))
+
+
+def test_access_pattern_limits():
+    rule_error(lambda: nisa.memset(nl.ndarray((2, 2, 2, 2, 2, 2), nl.float32), 0.0),
+               "nisa.memset", "at most 4 free dims", 5)
+
+    def long_free_dim():
+        t = nl.ndarray((2, 70000), nl.bfloat16)
+        nisa.memset(t, 0.0)
+
+    rule_error(long_free_dim, "nisa.memset", "uint16", 70000)
+
+    def wide_stride():
+        t = nl.ndarray((2, 2, 40000), nl.bfloat16)
+        nisa.memset(t[:, :, 0:8], 0.0)
+
+    rule_error(wide_stride, "nisa.memset", "int16", 40000)
