@@ -50,7 +50,8 @@ def default_cache_dir() -> Path:
 
 
 # The package source that shapes generated artifacts (observability, CLI and interpreter code do not).
-CODEGEN_SOURCES = ("lowering", "codegen", "passes", "compiler.py", "decompositions.py", "bucketing.py", "runtime.py")
+CODEGEN_SOURCES = ("lowering", "codegen", "passes", "compiler.py", "decompositions.py", "bucketing.py", "generalize.py",
+                   "runtime.py")
 
 
 @functools.lru_cache(maxsize=None)

@@ -6,9 +6,15 @@ up (in this runner, then in the compile cache's memory and disk tiers), compiles
 the inputs, runs the program and slices the outputs back to the real sizes.
 
 A symbolic graph is first made pad-safe (`passes.pad_safety`); if that is impossible it runs at
-exact shapes instead, and the warning names the op. Static graphs run as they are. Activations a
-forward graph saves for the backward stay padded (the backward graph runs at the same bucket and
-recognises them by shape); SymInts handed to the backward carry the real sizes.
+exact shapes instead, and the warning names the op. Activations a forward graph saves for the
+backward stay padded (the backward graph runs at the same bucket and recognises them by shape);
+SymInts handed to the backward carry the real sizes.
+
+A static graph (`dynamic=False`, or Dynamo's first graph of a frame) runs as it is until
+`generalize` finds the symbolic form it is an instance of (from an earlier static graph of the
+same structure at another length); then it runs padded to its bucket through that form, sharing
+the form's programs with every other length of the family. Such a forward returns its saved
+activations at their real sizes, because its backward may be a graph that still runs static.
 """
 
 from __future__ import annotations
@@ -22,12 +28,12 @@ from typing import Any
 import torch
 import torch.fx as fx
 
-from . import bucketing, observe
+from . import bucketing, generalize, observe
 from .bucketing import Bucket, BucketPolicy, evaluate, shape_exprs, size_expr
 from .cache import base_key_parts, get_cache
 from .compiler import CompiledArtifact, KernelRuleViolation, Program, compile_static_graph, _kernel_nodes
 from .config import NeuronConfig
-from .passes.pad_safety import ExtraInput, make_pad_safe
+from .passes.pad_safety import PadSafeRewrite
 from .toolchain import select_toolchain
 
 log = logging.getLogger("neuron_inductor")
@@ -54,6 +60,12 @@ def _value_spec(value) -> Any:
     if isinstance(value, (torch.SymInt, torch.SymFloat)):
         return size_expr(value)
     return None
+
+
+def _output_specs(gm: fx.GraphModule) -> list:
+    output_node = next(n for n in gm.graph.nodes if n.op == "output")
+    outputs = output_node.args[0] if isinstance(output_node.args[0], (list, tuple)) else [output_node.args[0]]
+    return [_value_spec(o.meta.get("val")) if isinstance(o, fx.Node) else None for o in outputs]
 
 
 def _saved_outputs_start(kind: str, num_outputs: int) -> int:
@@ -96,16 +108,18 @@ class GraphRunner:
         self.programs: dict[tuple, Program] = {}
         self.input_specs = [_value_spec(v) for v in example_inputs]
         self.input_dtypes = [str(v.dtype) for v in example_inputs if isinstance(v, torch.Tensor)]
-        output_node = next(n for n in gm.graph.nodes if n.op == "output")
-        outputs = output_node.args[0] if isinstance(output_node.args[0], (list, tuple)) else [output_node.args[0]]
-        self.output_specs = [_value_spec(o.meta.get("val")) if isinstance(o, fx.Node) else None for o in outputs]
-        self.saved_from = _saved_outputs_start(kind, len(outputs))
+        self.output_specs = _output_specs(gm)
+        self.saved_from = _saved_outputs_start(kind, len(self.output_specs))
         placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
         self.mutated_inputs = sorted({placeholders.index(n.args[0]) for n in gm.graph.nodes
                                       if n.target is torch.ops.aten.copy_.default and n.args[0] in placeholders})
         self.symbols = bucketing.bucketed_symbols(example_inputs) if self.symbolic and self.policy.enabled else ()
-        self._pad_safe: tuple[fx.GraphModule, list[ExtraInput]] | None = None
-        self._pad_safety_checked = False
+        self.pad_safety = PadSafeRewrite(gm, self.symbols, f"{kind} graph {self.graph_hash}") if self.symbols else None
+        # A static graph's place in its family (see `generalize`); its plan never changes once made.
+        self.static_sample = (generalize.Sample.of(gm, kind, f"{config.cache_hash()}|{config.cache_dir}")
+                              if not self.symbolic and self.policy.enabled else None)
+        self.form: generalize.SymbolicForm | None = None
+        self._static_plan: CallPlan | None = None
         if config.raise_recompile_limit:
             bucketing.raise_recompile_limit(self.policy)
         bucketing.watch_recompile_limit()
@@ -113,31 +127,44 @@ class GraphRunner:
 
     # -- planning ----------------------------------------------------------------------------
 
-    def pad_safe_graph(self) -> tuple[fx.GraphModule, list[ExtraInput]] | None:
-        """The pad-safe rewrite of the graph, or None when some op cannot be padded (warned once)."""
-        if not self._pad_safety_checked:
-            self._pad_safety_checked = True
-            graph, extra, report = make_pad_safe(self.gm, self.symbols)
-            self.pad_safety_report = report
-            if report.safe:
-                self._pad_safe = (graph, extra)
-                log.info("neuron_inductor: %s graph %s: pad-safety rewrote %d op(s): %s", self.kind,
-                         self.graph_hash, len(report.masked), "; ".join(report.masked) or "none needed")
-            else:
-                log.warning("neuron_inductor: %s graph %s runs UNPADDED (one kernel set per exact shape) because "
-                            "padding it could change results: %s", self.kind, self.graph_hash, "; ".join(report.unsafe))
-        return self._pad_safe
-
     def plan(self, args: list) -> CallPlan:
         if not self.symbolic:
-            return CallPlan("static", None)
+            if self._static_plan is None:
+                self._static_plan = self._plan_static()
+            return self._static_plan
         real = bucketing.bind_symbols(self.input_specs, args)
-        if self.symbols and self.pad_safe_graph() is not None:
+        if self.symbols and self.pad_safety.graph() is not None:
             return CallPlan("padded", bucketing.choose_bucket(self.policy, self.symbols, real))
         return CallPlan("exact", Bucket(real, real))
 
+    def _plan_static(self) -> CallPlan:
+        """Padded through the family's symbolic form when there is one (and it pads safely), else as is."""
+        sample, self.static_sample = self.static_sample, None  # looked up once
+        form = generalize.form_for(sample, self.kind) if sample is not None else None
+        if form is None or form.pad_safety.graph() is None:
+            return CallPlan("static", None)
+        real = form.bindings(sample)
+        bucket = bucketing.choose_bucket(self.policy, (form.symbol,), real)
+        if not form.holds_at(bucket.padded[form.symbol]):
+            log.info("neuron_inductor: %s graph %s: the symbolic form's guards exclude bucket %s; runs at exact "
+                     "shapes", self.kind, self.graph_hash, bucket.signature)
+            return CallPlan("static", None)
+        self._adopt(form)
+        return CallPlan("padded", bucket)
+
+    def _adopt(self, form: generalize.SymbolicForm) -> None:
+        """Run as an instance of `form`: its shapes, cache keys, pad-safe graph and programs."""
+        self.form = form
+        self.symbols = (form.symbol,)
+        self.input_specs = [_value_spec(v) for v in form.example_inputs]
+        self.output_specs = _output_specs(form.gm)
+        self.saved_from = len(self.output_specs)  # everything leaves at real sizes (see the module doc)
+        self.graph_hash = graph_structure_hash(form.gm, form.example_inputs)
+        self.pad_safety = form.pad_safety
+        self.programs = form.programs
+
     def graph_for(self, plan: CallPlan) -> fx.GraphModule:
-        return self._pad_safe[0] if plan.mode == "padded" else self.gm
+        return self.pad_safety.graph()[0] if plan.mode == "padded" else self.gm
 
     def inputs_for(self, plan: CallPlan, args: list) -> list:
         if plan.bucket is None:
@@ -152,7 +179,7 @@ class GraphRunner:
             else:
                 inputs.append(arg)
         if plan.mode == "padded":
-            inputs.extend(extra.value(real, padded) for extra in self._pad_safe[1])
+            inputs.extend(extra.value(real, padded) for extra in self.pad_safety.graph()[1])
         return inputs
 
     def finish(self, plan: CallPlan, outputs, args: list, inputs: list) -> list:

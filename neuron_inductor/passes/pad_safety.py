@@ -26,8 +26,8 @@ holding a symbol's real value). An op the pass cannot make safe makes the whole 
 
 from __future__ import annotations
 
+import logging
 import math
-import operator
 from dataclasses import dataclass, field
 
 import sympy
@@ -41,6 +41,7 @@ from .padded_layout import (
 )
 
 aten = torch.ops.aten
+log = logging.getLogger("neuron_inductor")
 
 
 class Unsafe(Exception):
@@ -612,3 +613,26 @@ def make_pad_safe(gm: fx.GraphModule, symbols) -> tuple[fx.GraphModule, list[Ext
     copy.graph.lint()
     copy.recompile()
     return copy, list(rewriter.extra), rewriter.report
+
+
+class PadSafeRewrite:
+    """`make_pad_safe` of one symbolic graph, done on first use and logged once: `graph()` gives the
+    rewritten graph and its extra inputs, or None when some op cannot be padded (the graph then runs
+    at exact shapes)."""
+
+    def __init__(self, gm: fx.GraphModule, symbols, label: str) -> None:
+        self.gm, self.symbols, self.label = gm, tuple(symbols), label
+        self.report: PadSafetyReport | None = None
+        self._result: tuple[fx.GraphModule, list[ExtraInput]] | None = None
+
+    def graph(self) -> tuple[fx.GraphModule, list[ExtraInput]] | None:
+        if self.report is None:
+            graph, extra, self.report = make_pad_safe(self.gm, self.symbols)
+            if self.report.safe:
+                self._result = (graph, extra)
+                log.info("neuron_inductor: %s: pad-safety rewrote %d op(s): %s", self.label, len(self.report.masked),
+                         "; ".join(self.report.masked) or "none needed")
+            else:
+                log.warning("neuron_inductor: %s runs UNPADDED (one kernel set per exact shape) because padding it "
+                            "could change results: %s", self.label, "; ".join(self.report.unsafe))
+        return self._result
