@@ -43,6 +43,12 @@ def warm_up(model, tokenizer, steps: int) -> None:
     model.eval()
 
 
+def encode_prompts(tokenizer, prompts: list[str]) -> dict:
+    """Left-padded batch (input_ids, attention_mask), as generate() expects for decoder-only models."""
+    tokenizer.padding_side = "left"
+    return tokenizer(prompts, return_tensors="pt", padding=True)
+
+
 def generate(model, encoded: dict, max_new_tokens: int, compiled: bool) -> torch.Tensor:
     """Greedy tokens (prompt included) with a static cache; the decoding step compiled or eager."""
     kwargs = {"compile_config": generation_compile_config()} if compiled else {"disable_compile": True}
@@ -62,10 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     tokenizer = byte_tokenizer()
     model = tiny_llama(tokenizer).eval()
     warm_up(model, tokenizer, args.train_steps)
-    # Left-padded batch of prompts of different lengths, as generate() expects for decoder-only models.
-    tokenizer.padding_side = "left"
-    prompts = [args.prompt[i % 2:] for i in range(args.batch)]
-    encoded = tokenizer(prompts, return_tensors="pt", padding=True)
+    encoded = encode_prompts(tokenizer, [args.prompt[i % 2:] for i in range(args.batch)])
 
     eager = generate(model, encoded, args.max_new_tokens, compiled=False)
     compiled = generate(model, encoded, args.max_new_tokens, compiled=True)

@@ -7,9 +7,9 @@ offline on CPU: a tiny random-initialised LlamaForCausalLM on the lines of examp
 
 Every `SFTConfig` flag works. Two of SFTConfig's own defaults are changed here:
 - `--bf16 false`: fp32 training, so the loss curve can be compared with eager at a tight tolerance;
-- `--gradient_checkpointing false`: a checkpointed SDPA reaches the backend wrapped in
-  `run_and_save_rng_state`, which neuron_inductor cannot run yet (known issue; pass
-  `--gradient_checkpointing true` to see it).
+- `--activation_checkpointing false` (SFTConfig's `gradient_checkpointing=True`): a checkpointed SDPA
+  reaches the backend wrapped in `run_and_save_rng_state`, which neuron_inductor cannot run yet (known
+  issue; pass `--activation_checkpointing true` to see it).
 
 Shapes: the Trainer compiles with `dynamic=False` for this backend, so every new padded length is a new
 Dynamo graph. `--pad_to_multiple_of 128` (with `--max_length 128`) gives every batch one shape and one
@@ -49,7 +49,7 @@ class ExampleArguments:
 DEFAULT_FLAGS = ["--max_steps", "6", "--per_device_train_batch_size", "4", "--max_length", "128",
                  "--learning_rate", "3e-3", "--lr_scheduler_type", "constant", "--logging_steps", "1",
                  "--report_to", "none", "--save_strategy", "no", "--use_cpu", "true", "--seed", "0",
-                 "--disable_tqdm", "true", "--bf16", "false", "--gradient_checkpointing", "false",
+                 "--disable_tqdm", "true", "--bf16", "false", "--activation_checkpointing", "false",
                  "--dataloader_drop_last", "true"]
 
 
