@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from neuron_inductor import sim
-from neuron_inductor.codegen.render import TensorArg, render_kernel
+from neuron_inductor.codegen.render import render_kernel
 from neuron_inductor.decompositions import neuron_decompositions
 from neuron_inductor.lowering.ir import Unsupported
 from neuron_inductor.lowering.registry import LOWERINGS, load_lowerings
@@ -40,13 +40,13 @@ def graph_values(gm: torch.fx.GraphModule, args) -> dict:
     return env
 
 
-def require_hbm_dtype(dtype: torch.dtype) -> None:
-    """xfail when kernels cannot yet allocate an HBM output of `dtype` (renderer / interpreter gap)."""
-    name = TensorArg("out", (1,), dtype).hbm_dtype
-    if dtype == torch.bool and name != "nl.bool_":
-        pytest.xfail(f"render.py gives bool HBM outputs dtype {name}, so kernels return {name} instead of bool")
-    if not hasattr(sim.language, name.removeprefix("nl.")):
-        pytest.xfail(f"the interpreter has no {name} for HBM outputs")
+def widen_int64(returned: torch.Tensor, expected: torch.Tensor | None) -> torch.Tensor:
+    """Kernels return int64 graph values as int32 tensors (NKI has no 64-bit integers; the host
+    wrapper widens them where they leave the kernels): check that, then compare as the graph's dtype."""
+    if expected is not None and expected.dtype == torch.int64:
+        assert returned.dtype == torch.int32, returned.dtype
+        return returned.to(torch.int64)
+    return returned
 
 
 def run_lowered(fn, args, target):
@@ -54,8 +54,6 @@ def run_lowered(fn, args, target):
     gm = make_fx(fn, decomposition_table=neuron_decompositions())(*args)
     node = [n for n in gm.graph.nodes if n.target is target][-1]
     spec = LOWERINGS[target](node)
-    for out in spec.outputs:
-        require_hbm_dtype((out.meta["val"] if isinstance(out, torch.fx.Node) else out).dtype)
     spec.name = f"k0_{spec.family}"
     kernel = sim.load_kernels(render_kernel(spec), f"<{spec.name}>")[spec.name]
     env = graph_values(gm, args)
@@ -64,7 +62,7 @@ def run_lowered(fn, args, target):
     if not isinstance(returned, tuple):
         returned = () if returned is None else (returned,)
     expected = [env[o] if isinstance(o, torch.fx.Node) else None for o in spec.outputs]
-    return list(returned), expected, inputs
+    return [widen_int64(r, e) for r, e in zip(returned, expected)], expected, inputs
 
 
 def assert_close(actual, expected, *, bf16_tol=2e-2, fp32_rtol=1e-5):
