@@ -280,14 +280,14 @@ class Family:
                 self.forms.append(form)
                 self.unmatched = [s for s in self.unmatched if not form.serves(s)]
                 return form
-        if self.unmatched and not self.warned:
-            self.warned = True
-            log.warning("neuron_inductor: %s static graphs of structure %s differ in a way no single length "
-                        "explains; they run at EXACT shapes (one kernel set per shape) until two of them fit",
-                        kind, sample.key)
-        elif not self.unmatched:
+        if not (self.forms or self.unmatched):
             log.info("neuron_inductor: first %s static graph of structure %s runs at exact shapes; a second "
                      "length will show which sizes vary and map later lengths to buckets", kind, sample.key)
+        elif not self.warned:
+            self.warned = True
+            log.warning("neuron_inductor: a %s static graph of structure %s is no instance of a symbolic form "
+                        "fitted on earlier lengths and fits no other length alone; such graphs run at EXACT shapes "
+                        "(one kernel set per shape)", kind, sample.key)
         self.unmatched = (self.unmatched + [sample])[-MAX_UNMATCHED:]
         return None
 
