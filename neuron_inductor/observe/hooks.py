@@ -15,6 +15,7 @@ the pipeline goes on. Only the errors that are the point of a feature propagate:
 from __future__ import annotations
 
 import functools
+import math
 import time
 import weakref
 from typing import Any, Callable, TypeVar
@@ -134,17 +135,17 @@ def _real_sized(runner: Any, args: list, values: list, specs: list) -> list:
     return [cut(value, spec) for value, spec in zip(values, specs)]
 
 
-def _padding(program: Any, real_args: list) -> dict[str, float] | None:
-    """Elements of the compiled (bucket) input shapes that the real inputs do not fill."""
-    static_gm = getattr(program, "static_gm", None)
-    if static_gm is None:
+def _padding(runner: Any, args: list) -> dict[str, float] | None:
+    """Elements the bucket adds to the inputs that have bucketed dims (None when the call is not padded)."""
+    bucket = runner.plan(args).bucket
+    if bucket is None:
         return None
-    placeholders = [n.meta.get("val") for n in static_gm.graph.nodes if n.op == "placeholder"]
     real = padded = 0
-    for arg, compiled in zip(real_args, placeholders):
-        if isinstance(arg, torch.Tensor) and isinstance(compiled, torch.Tensor):
+    for arg, spec in zip(args, runner.input_specs):
+        if isinstance(arg, torch.Tensor) and isinstance(spec, tuple) and any(
+                getattr(e, "free_symbols", None) for e in spec):
             real += arg.numel()
-            padded += compiled.numel()
+            padded += math.prod(bucketing.evaluate(e, bucket.padded) for e in spec)
     return {"real_elements": real, "padded_elements": padded,
             "fraction": (padded - real) / padded if padded else 0.0}
 
@@ -170,7 +171,7 @@ def on_program_compiled(runner: Any, program: Any, signature: Any, args: list) -
     artifact = program.artifact
     real_args = _real_sized(runner, args, args, runner.input_specs)
     bucket = session.CompiledBucket(aot=aot, index=len(aot.buckets), signature=repr(signature), artifact=artifact,
-                                    padding=_padding(program, real_args), target=runner.config.target)
+                                    padding=_padding(runner, real_args), target=runner.config.target)
     aot.buckets.append(bucket)
     session.BUCKETS.append(bucket)
     bucket.cache = cache_events.note_lookup(get_cache(runner.config.cache_dir), bucket.label)
