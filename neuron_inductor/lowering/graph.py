@@ -154,13 +154,11 @@ def lower_graph(gm: fx.GraphModule, fallback_mode: str = "warn",
         group.add(node)
         layouts.set_from_value(node, contiguous=True)
 
-    # 0-d constants whose users all take them as immediates need no kernel of their own.
-    folded: set[fx.Node] = set()
-
     def needs_group(node: fx.Node) -> bool:
         return any(inp in group.members for inp in node.all_input_nodes)
 
     def foldable_constant(node: fx.Node) -> bool:
+        """A 0-d constant whose users all take it as an immediate needs no kernel of its own."""
         return (pointwise.constant_scalar(node) is not None and bool(node.users)
                 and all(user.op == "call_function" and user not in force_fallback and _is_tensor(user)
                         and pointwise.is_pointwise(user) for user in node.users))
@@ -176,11 +174,8 @@ def lower_graph(gm: fx.GraphModule, fallback_mode: str = "warn",
         if node.op == "placeholder":
             layouts.set_from_value(node, contiguous=False)
             continue
-        if node.op == "output":
-            flush()
-            continue
-        if node in produced_by_kernel:
-            continue  # a getitem bound to a multi-output kernel
+        if node.op == "output" or node in produced_by_kernel:
+            continue  # (or a getitem bound to a multi-output kernel)
         if node.op == "get_attr":
             steps.append(HostStep(node, "constant"))
             layouts.metas[node] = getattr(gm, node.target).to("meta")
@@ -193,7 +188,6 @@ def lower_graph(gm: fx.GraphModule, fallback_mode: str = "warn",
             fall_back(node, force_fallback[node])
             continue
         if foldable_constant(node):
-            folded.add(node)
             continue
         if _is_tensor(node) and pointwise.is_pointwise(node):
             add_pointwise(node)
