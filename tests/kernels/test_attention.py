@@ -23,17 +23,16 @@ from functorch.compile import aot_function
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from neuron_inductor import sim
-from neuron_inductor.codegen.render import render_kernel
 from neuron_inductor.decompositions import neuron_decompositions
 from neuron_inductor.lowering.ir import Unsupported
-from neuron_inductor.lowering.registry import LOWERINGS, load_lowerings
+from neuron_inductor.lowering.registry import LOWERINGS
+
+from .harness import graph_values, kernel_for
 
 aten = torch.ops.aten
 FORWARD = aten._scaled_dot_product_flash_attention_for_cpu.default
 BACKWARD = aten._scaled_dot_product_flash_attention_for_cpu_backward.default
 TOLERANCE = {torch.float32: 2e-5, torch.bfloat16: 1e-2, torch.float16: 2e-3}
-
-load_lowerings()
 
 
 @dataclass(frozen=True)
@@ -128,13 +127,10 @@ def capture_graphs(fn, inputs: dict, grad_out: torch.Tensor) -> dict:
 
 def run_kernel(gm: fx.GraphModule, args: list, target) -> tuple[list[torch.Tensor], object]:
     """Lower the graph's `target` node, render, run in the interpreter on the node's real inputs."""
-    interpreter = fx.Interpreter(gm, garbage_collect_values=False)
-    interpreter.run(*args)
-    (node,) = [n for n in gm.graph.nodes if n.target is target]
-    spec = LOWERINGS[target](node)
-    spec.name = f"k0_{spec.family}"
-    kernel = sim.load_kernels(render_kernel(spec), f"{spec.name}.py")[spec.name]
-    outputs = kernel(*(interpreter.env[n] for n in spec.inputs))
+    assert len([n for n in gm.graph.nodes if n.target is target]) == 1
+    _, spec, kernel = kernel_for(gm, target)
+    values = graph_values(gm, args)
+    outputs = kernel(*(values[n] for n in spec.inputs))
     return list(outputs), spec
 
 

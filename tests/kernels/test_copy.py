@@ -7,13 +7,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch.fx.experimental.proxy_tensor import make_fx
 
-from neuron_inductor.decompositions import neuron_decompositions
 from neuron_inductor.lowering.ir import Unsupported
 from neuron_inductor.lowering.registry import LOWERINGS
 
-from .test_reduction import run_lowered
+from .harness import aten_graph, run_lowered
 
 aten = torch.ops.aten
 F = torch.nn.functional
@@ -68,7 +66,7 @@ def test_slice_scatter(shape, dim, start, end, dtype):
 def test_copy_into_input_is_in_place(dtype):
     """KV-cache style: copy_ writes the kernel's input 0 and returns nothing."""
     cache, update = torch.zeros(4, 300, dtype=dtype), torch.randn(4, 300)
-    gm = make_fx(lambda c, u: c.copy_(u), decomposition_table=neuron_decompositions())(cache.clone(), update)
+    gm = aten_graph(lambda c, u: c.copy_(u), cache.clone(), update)
     node = next(n for n in gm.graph.nodes if n.target is aten.copy_.default)
     spec = LOWERINGS[node.target](node)
     assert spec.inplace == {0: 0}
@@ -78,7 +76,7 @@ def test_copy_into_input_is_in_place(dtype):
 
 
 def test_unsupported_cases_raise():
-    gm = make_fx(lambda t: F.pad(t, (-1, 2)), decomposition_table=neuron_decompositions())(torch.randn(4, 5))
+    gm = aten_graph(lambda t: F.pad(t, (-1, 2)), torch.randn(4, 5))
     node = next(n for n in gm.graph.nodes if n.target is aten.constant_pad_nd.default)
     with pytest.raises(Unsupported, match="negative"):
         LOWERINGS[node.target](node)

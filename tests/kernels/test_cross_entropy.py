@@ -14,7 +14,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from .test_norms import DTYPES, aten, aten_graph, assert_all_close, run_node
+from .harness import DTYPES, aten_graph, check_node
+
+aten = torch.ops.aten
 
 REDUCTIONS = ["none", "mean", "sum"]
 
@@ -42,8 +44,8 @@ def check(shape, dtype, reduction, ignore_index=-100, has_weight=False, ignored_
     cot = (torch.randn(shape[:1]) if batched_none else torch.tensor(1.5)).to(dtype)
     args = [x, target, cot] + ([torch.rand(classes, dtype=dtype) + 0.5] if has_weight else [])
     gm = aten_graph(loss_and_grad(reduction, ignore_index, has_weight), *args)
-    assert_all_close(*run_node(gm, args, aten.nll_loss_forward.default))
-    assert_all_close(*run_node(gm, args, aten.nll_loss_backward.default))
+    check_node(gm, args, aten.nll_loss_forward.default)
+    check_node(gm, args, aten.nll_loss_backward.default)
     return gm, args
 
 

@@ -10,17 +10,14 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch.fx.experimental.proxy_tensor import make_fx
 
-from neuron_inductor.decompositions import neuron_decompositions
 from neuron_inductor.lowering.ir import Unsupported
 from neuron_inductor.lowering.registry import LOWERINGS
 
-from .test_reduction import assert_close, run_lowered
+from .harness import DTYPES, aten_graph, assert_close, run_lowered
 
 aten = torch.ops.aten
 F = torch.nn.functional
-DTYPES = [torch.float32, torch.bfloat16]
 
 
 def ids_with_duplicates(vocab, shape):
@@ -115,8 +112,7 @@ def test_cross_entropy_backward_scatter_of_a_constant_into_zeros():
 
 
 def test_unsupported_cases_raise():
-    gm = make_fx(lambda t, i: torch.gather(t, 0, i), decomposition_table=neuron_decompositions())(
-        torch.randn(4, 5), torch.zeros(2, 5, dtype=torch.long))
+    gm = aten_graph(lambda t, i: torch.gather(t, 0, i), torch.randn(4, 5), torch.zeros(2, 5, dtype=torch.long))
     node = next(n for n in gm.graph.nodes if n.target is aten.gather.default)
     with pytest.raises(Unsupported, match="last"):
         LOWERINGS[node.target](node)

@@ -12,68 +12,53 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.fx as fx
-from torch.fx.experimental.proxy_tensor import make_fx
 
-from neuron_inductor import sim
-from neuron_inductor.codegen.render import render_kernel
-from neuron_inductor.decompositions import neuron_decompositions
 from neuron_inductor.lowering import matmul, pointwise
 from neuron_inductor.lowering.ir import Unsupported
-from neuron_inductor.lowering.registry import LOWERINGS, load_lowerings
+from neuron_inductor.lowering.registry import LOWERINGS
+
+from .harness import DTYPES, aten_graph, as_tuple, graph_values, load_kernel
 
 aten = torch.ops.aten
 MATMUL_OPS = (aten.mm.default, aten.bmm.default, aten.addmm.default)
 TOLERANCES = {torch.float32: (1e-4, 1e-5), torch.bfloat16: (8e-3, 2e-3)}
 SHAPES = [(1, 1, 1), (7, 13, 5), (128, 128, 128), (130, 257, 515), (256, 384, 640)]  # (M, K, N)
-DTYPES = [torch.float32, torch.bfloat16]
-
-
-class _Recorder(fx.Interpreter):
-    """Runs a graph and keeps every node's value."""
-
-    def run_node(self, node):
-        value = super().run_node(node)
-        self.values[node] = value
-        return value
-
-    def values_for(self, *args):
-        self.values = {}
-        self.run(*args)
-        return self.values
 
 
 def trace(fn, *args) -> tuple[fx.GraphModule, fx.Node]:
-    gm = make_fx(fn, decomposition_table=neuron_decompositions())(*args)
+    gm = aten_graph(fn, *args)
     nodes = [n for n in gm.graph.nodes if n.target in MATMUL_OPS]
     assert len(nodes) == 1, gm.graph
     return gm, nodes[0]
 
 
-def lower(node: fx.Node):
-    load_lowerings()
-    spec = LOWERINGS[node.target](node)
-    spec.name = "k0_matmul"
-    return spec
+def float64_values(gm: fx.GraphModule, args) -> dict:
+    """The graph evaluated in float64 on the same (possibly bf16-rounded) inputs: the reference."""
+    return graph_values(gm, [a.double() if a.is_floating_point() else a for a in args])
+
+
+def assert_matches(out: torch.Tensor, reference: torch.Tensor) -> None:
+    """Within the dtype's rtol, and its atol scaled by the largest |reference| (1 if all zero)."""
+    rtol, atol = TOLERANCES[out.dtype]
+    scale = reference.abs().max().item() or 1.0
+    torch.testing.assert_close(out.double(), reference.double(), rtol=rtol, atol=atol * scale)
 
 
 def run_case(fn, *args):
     """(kernel output, float64 reference, spec) for the single matmul of fn(*args)."""
     gm, node = trace(fn, *args)
-    spec = lower(node)
-    kernel = sim.load_kernels(render_kernel(spec), "k0_matmul.py")["k0_matmul"]
-    values = _Recorder(gm).values_for(*args)
-    reference = _Recorder(gm).values_for(*(a.double() for a in args))[node]
+    spec = LOWERINGS[node.target](node)
+    kernel = load_kernel(spec)
+    values = graph_values(gm, args)
+    reference = float64_values(gm, args)[node]
     out = kernel(*(values[n] for n in spec.inputs))
     return out, reference, spec
 
 
 def check(fn, *args):
     out, reference, spec = run_case(fn, *args)
-    dtype = args[0].dtype
-    assert out.dtype == dtype and out.shape == reference.shape
-    rtol, atol = TOLERANCES[dtype]
-    scale = reference.abs().max().item() or 1.0
-    torch.testing.assert_close(out.double(), reference, rtol=rtol, atol=atol * scale)
+    assert out.dtype == args[0].dtype and out.shape == reference.shape
+    assert_matches(out, reference)
     return spec
 
 
@@ -109,7 +94,7 @@ def test_mm_layouts(layout, shape, dtype):
 def test_linear_weight_is_read_in_place():
     """linear's permute(W) is looked through: the kernel reads W itself as an "nk" operand."""
     gm, node = trace(lambda x, w: torch.nn.functional.linear(x, w), randn(4, 8), randn(6, 8))
-    spec = lower(node)
+    spec = LOWERINGS[node.target](node)
     assert [n.op for n in spec.inputs] == ["placeholder", "placeholder"]
     assert spec.params["b"]["layout"] == "nk"
 
@@ -203,7 +188,7 @@ def test_multiple_m_blocks(monkeypatch):
 def test_unsupported_dtypes(dtype):
     gm, node = trace(lambda a, b: a @ b, torch.ones(4, 4, dtype=dtype), torch.ones(4, 4, dtype=dtype))
     with pytest.raises(Unsupported, match="TensorE"):
-        lower(node)
+        LOWERINGS[node.target](node)
 
 
 # --- Fused epilogues -----------------------------------------------------------------------------
@@ -211,25 +196,22 @@ def test_unsupported_dtypes(dtype):
 
 def run_epilogue_case(fn, *args):
     """Lower fn's matmul with every pointwise node after it as the epilogue; check each output."""
-    gm = make_fx(fn, decomposition_table=neuron_decompositions())(*args)
+    gm = aten_graph(fn, *args)
     node = next(n for n in gm.graph.nodes if n.target in MATMUL_OPS)
     nodes = [n for n in gm.graph.nodes if n.op == "call_function" and n.target not in MATMUL_OPS
              and n.meta["val"].shape == node.meta["val"].shape and pointwise.is_pointwise(n)]
     returned = set(next(n for n in gm.graph.nodes if n.op == "output").all_input_nodes)
     outputs = [n for n in [node, *nodes] if n in returned]
     spec = matmul.lower_matmul_with_epilogue(node, nodes, outputs)
-    spec.name = "k0_matmul"
-    kernel = sim.load_kernels(render_kernel(spec), "k0_matmul.py")["k0_matmul"]
-    values = _Recorder(gm).values_for(*args)
-    references = _Recorder(gm).values_for(*(a.double() if a.is_floating_point() else a for a in args))
-    results = kernel(*(values[n] for n in spec.inputs))
-    results = results if isinstance(results, tuple) else (results,)
+    kernel = load_kernel(spec)
+    values = graph_values(gm, args)
+    references = float64_values(gm, args)
+    results = as_tuple(kernel(*(values[n] for n in spec.inputs)))
+    assert len(results) == len(spec.outputs)
     for out, value in zip(results, spec.outputs):
         reference = references[value]
         assert out.dtype == values[value].dtype and out.shape == reference.shape
-        rtol, atol = TOLERANCES[out.dtype]
-        scale = reference.abs().max().item() or 1.0
-        torch.testing.assert_close(out.double(), reference.double(), rtol=rtol, atol=atol * scale)
+        assert_matches(out, reference)
     return spec
 
 
@@ -276,8 +258,7 @@ def test_epilogue_stream_mode(monkeypatch):
 
 
 def test_epilogue_rejects_row_broadcast_inputs():
-    gm = make_fx(lambda a, b, v: (a @ b) + v, decomposition_table=neuron_decompositions())(
-        randn(8, 16), randn(16, 32), randn(32))
+    gm = aten_graph(lambda a, b, v: (a @ b) + v, randn(8, 16), randn(16, 32), randn(32))
     node = next(n for n in gm.graph.nodes if n.target in MATMUL_OPS)
     add = next(iter(node.users))
     with pytest.raises(Unsupported, match="does not tile"):

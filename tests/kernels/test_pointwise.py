@@ -19,9 +19,9 @@ from hypothesis import given, settings, strategies as st
 from torch.fx.experimental.proxy_tensor import make_fx
 
 import neuron_inductor.sim as sim
-from neuron_inductor.codegen.render import render_kernel
-from neuron_inductor.decompositions import neuron_decompositions
 from neuron_inductor.lowering import pointwise
+
+from .harness import aten_graph, as_tuple, load_kernel, widen_int64
 
 FP32 = dict(rtol=1e-5, atol=1e-6)
 FP32_COMPOSED = dict(rtol=1e-4, atol=1e-5)
@@ -29,25 +29,23 @@ BF16 = dict(rtol=2e-2, atol=2e-2)
 
 
 def lower(fn, *args):
-    """(kernel spec, rendered source, graph) for the pointwise nodes of fn's ATen graph."""
-    graph = make_fx(fn, pre_dispatch=False, decomposition_table=neuron_decompositions())(*args)
+    """(kernel spec, graph) for the pointwise nodes of fn's ATen graph."""
+    graph = aten_graph(fn, *args)
     nodes = [n for n in graph.graph.nodes if n.op == "call_function"]
     assert nodes and all(pointwise.is_pointwise(n) for n in nodes), [str(n.target) for n in nodes]
     result = next(n for n in graph.graph.nodes if n.op == "output").args[0]
     outputs = list(result) if isinstance(result, (list, tuple)) else [result]
-    spec = pointwise.lower_pointwise_group(nodes, outputs)
-    spec.name = "k0_pointwise"
-    return spec, render_kernel(spec), graph
+    return pointwise.lower_pointwise_group(nodes, outputs), graph
 
 
 def run_kernel(fn, *args):
     """Run fn's fused kernel in the interpreter; returns (outputs, trace)."""
-    spec, source, graph = lower(fn, *args)
-    kernel = sim.load_kernels(source, "k0_pointwise.py")["k0_pointwise"]
+    spec, graph = lower(fn, *args)
+    kernel = load_kernel(spec)
     values = dict(zip([n for n in graph.graph.nodes if n.op == "placeholder"], args))
     with sim.trace() as trace:
         result = kernel(*[values[n] for n in spec.inputs])
-    return (result if isinstance(result, tuple) else (result,)), trace
+    return as_tuple(result), trace
 
 
 @pytest.fixture(autouse=True)
@@ -55,21 +53,16 @@ def seeded():
     torch.manual_seed(0)
 
 
-def _as_tuple(value):
-    return value if isinstance(value, tuple) else (value,)
-
-
 def check(fn, *args, **tolerance):
     results, trace = run_kernel(fn, *args)
-    expected = _as_tuple(fn(*args))
+    expected = as_tuple(fn(*args))
     low_precision = any(a.dtype in (torch.bfloat16, torch.float16) for a in args)
-    reference = _as_tuple(fn(*[a.float() if a.dtype == torch.bfloat16 else a for a in args])) if low_precision \
+    reference = as_tuple(fn(*[a.float() if a.dtype == torch.bfloat16 else a for a in args])) if low_precision \
         else expected
     assert len(results) == len(expected)
     for got, want, ref in zip(results, expected, reference):
-        # NKI has no 64-bit integers: int64 values leave kernels as int32 (the host wrapper widens them).
-        assert got.dtype == (torch.int32 if want.dtype == torch.int64 else want.dtype) and got.shape == want.shape
-        got = got.long() if want.dtype == torch.int64 else got
+        got = widen_int64(got, want)
+        assert got.dtype == want.dtype and got.shape == want.shape
         if low_precision and got.is_floating_point():
             got, ref = got.float(), ref.float()
         torch.testing.assert_close(got, ref.to(got.dtype), equal_nan=True, **tolerance)
@@ -233,8 +226,10 @@ def test_strided_inputs():
 
 
 def test_zero_d_constant_becomes_immediate():
-    spec, source, _ = lower(lambda x: torch.where(x > 0, x, 0.5), randn(10, 10))  # a scalar_tensor node
-    assert len(spec.inputs) == 1 and "0.5" not in source  # folded into the select's bit pattern
+    spec, _ = lower(lambda x: torch.where(x > 0, x, 0.5), randn(10, 10))  # a scalar_tensor node
+    sources = []
+    load_kernel(spec, sources.append)
+    assert len(spec.inputs) == 1 and "0.5" not in sources[0]  # folded into the select's bit pattern
     check(lambda x: torch.where(x > 0, x, 0.5), randn(10, 10), **FP32)
 
 

@@ -15,65 +15,13 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from torch.fx.experimental.proxy_tensor import make_fx
 
-from neuron_inductor import sim
-from neuron_inductor.codegen.render import render_kernel
-from neuron_inductor.decompositions import neuron_decompositions
 from neuron_inductor.lowering.ir import Unsupported
-from neuron_inductor.lowering.registry import LOWERINGS, load_lowerings
+from neuron_inductor.lowering.registry import LOWERINGS
+
+from .harness import aten_graph, assert_close, run_lowered
 
 aten = torch.ops.aten
-load_lowerings()
-
-
-def graph_values(gm: torch.fx.GraphModule, args) -> dict:
-    """Every node's eager value (the reference, and the kernel's inputs)."""
-    env: dict = {}
-
-    class Recorder(torch.fx.Interpreter):
-        def run_node(self, node):
-            env[node] = super().run_node(node)
-            return env[node]
-
-    Recorder(gm).run(*args)
-    return env
-
-
-def widen_int64(returned: torch.Tensor, expected: torch.Tensor | None) -> torch.Tensor:
-    """Kernels return int64 graph values as int32 tensors (NKI has no 64-bit integers; the host
-    wrapper widens them where they leave the kernels): check that, then compare as the graph's dtype."""
-    if expected is not None and expected.dtype == torch.int64:
-        assert returned.dtype == torch.int32, returned.dtype
-        return returned.to(torch.int64)
-    return returned
-
-
-def run_lowered(fn, args, target):
-    """Lower the last `target` node of fn's ATen graph, run its kernel; (kernel results, eager values)."""
-    gm = make_fx(fn, decomposition_table=neuron_decompositions())(*args)
-    node = [n for n in gm.graph.nodes if n.target is target][-1]
-    spec = LOWERINGS[target](node)
-    spec.name = f"k0_{spec.family}"
-    kernel = sim.load_kernels(render_kernel(spec), f"<{spec.name}>")[spec.name]
-    env = graph_values(gm, args)
-    inputs = [env[n] for n in spec.inputs]
-    returned = kernel(*inputs)
-    if not isinstance(returned, tuple):
-        returned = () if returned is None else (returned,)
-    expected = [env[o] if isinstance(o, torch.fx.Node) else None for o in spec.outputs]
-    return [widen_int64(r, e) for r, e in zip(returned, expected)], expected, inputs
-
-
-def assert_close(actual, expected, *, bf16_tol=2e-2, fp32_rtol=1e-5):
-    assert actual.shape == expected.shape, (actual.shape, expected.shape)
-    assert actual.dtype == expected.dtype, (actual.dtype, expected.dtype)
-    if not expected.dtype.is_floating_point:
-        assert torch.equal(actual, expected)
-        return
-    scale = expected.float().abs().max().item() if expected.numel() else 1.0
-    tol = bf16_tol if expected.dtype == torch.bfloat16 else fp32_rtol
-    torch.testing.assert_close(actual.float(), expected.float(), rtol=tol, atol=tol * max(scale, 1.0))
 
 
 SHAPES = [(300,), (128, 64), (257, 3), (5, 130, 7), (2, 3, 129, 5)]
@@ -165,7 +113,7 @@ def test_any_all(op, dims):
     x[5] = True
     x[7] = False
     fn = (lambda t: getattr(t, op)()) if dims is None else (lambda t: getattr(t, op)(dims))
-    gm = make_fx(fn, decomposition_table=neuron_decompositions())(x)
+    gm = aten_graph(fn, x)
     # all() decomposes to not(any(not x)): find the overload the graph really holds
     target = [n.target for n in gm.graph.nodes if str(n.target).startswith(("aten.any.", "aten.all."))][-1]
     (out,), (ref,), _ = run_lowered(fn, [x], target)
@@ -200,11 +148,11 @@ def test_var_and_var_mean(shape, dims, correction, dtype):
 
 
 def test_unsupported_cases_raise():
-    gm = make_fx(lambda t: t.var(0), decomposition_table=neuron_decompositions())(torch.randn(300, 4))
+    gm = aten_graph(lambda t: t.var(0), torch.randn(300, 4))
     node = next(n for n in gm.graph.nodes if n.target is aten.var.correction)
     with pytest.raises(Unsupported, match="trailing"):
         LOWERINGS[node.target](node)
-    gm = make_fx(lambda t: t.argmax(), decomposition_table=neuron_decompositions())(torch.randn(3, 4))
+    gm = aten_graph(lambda t: t.argmax(), torch.randn(3, 4))
     node = next(n for n in gm.graph.nodes if n.target is aten.argmax.default)
     with pytest.raises(Unsupported, match="flattened"):
         LOWERINGS[node.target](node)

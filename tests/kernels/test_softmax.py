@@ -1,6 +1,6 @@
 """softmax / log_softmax kernels, forward and backward, run in the NKI interpreter against eager.
 
-Harness and tolerances as in test_norms.py: fp32 rtol 1e-5 (atol scaled to the output's
+Tolerances as in test_norms.py: fp32 rtol 1e-5 (atol scaled to the output's
 magnitude), bf16 2e-2 of the magnitude. Rows of 32000 (an LM vocabulary) exceed one SBUF chunk
 and exercise the two-pass (running max) path.
 """
@@ -13,7 +13,9 @@ import torch
 from neuron_inductor.lowering.ir import Unsupported
 from neuron_inductor.lowering.registry import LOWERINGS
 
-from .test_norms import DTYPES, SHAPES, aten, aten_graph, assert_all_close, kernel_for, op_graph, run_node
+from .harness import DTYPES, ROW_SHAPES, aten_graph, assert_all_close, check_node, kernel_for, op_graph
+
+aten = torch.ops.aten
 
 FORWARD = {False: aten._softmax.default, True: aten._log_softmax.default}
 BACKWARD = {False: aten._softmax_backward_data.default, True: aten._log_softmax_backward_data.default}
@@ -32,11 +34,11 @@ def check(shape, dtype, log, dim=-1, scale=4.0):
     x = (torch.randn(shape) * scale).to(dtype)
     dy = torch.randn(shape, dtype=dtype)
     gm = aten_graph(softmax_both(log, dim), x, dy)
-    assert_all_close(*run_node(gm, [x, dy], FORWARD[log]))
-    assert_all_close(*run_node(gm, [x, dy], BACKWARD[log]))
+    check_node(gm, [x, dy], FORWARD[log])
+    check_node(gm, [x, dy], BACKWARD[log])
 
 
-@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("shape", ROW_SHAPES)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("log", [False, True])
 def test_softmax(shape, dtype, log):
@@ -92,7 +94,7 @@ def test_strided_and_expanded_inputs():
     args = [torch.randn(7, 130, 5), torch.randn(1, 50, 64)]
     gm = aten_graph(fn, *args)
     for op in FORWARD.values():
-        assert_all_close(*run_node(gm, args, op))
+        check_node(gm, args, op)
 
 
 def test_non_innermost_dim_is_unsupported():
