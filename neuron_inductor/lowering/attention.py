@@ -26,8 +26,8 @@ import math
 import torch
 import torch.fx as fx
 
+from .common import bind_arguments, result_values, val
 from .ir import KernelSpec, Unsupported
-from .reduction import result_values, val
 from .registry import register_lowering
 
 aten = torch.ops.aten
@@ -43,19 +43,6 @@ KV_BLOCK = {2: 2048, 4: 1024}
 # twice while a loop iteration allocates the next ones).
 SBUF_BUDGET = 144 * 1024
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-
-
-def bound_arguments(node: fx.Node) -> dict:
-    """The node's arguments by schema name, defaults filled in."""
-    values = {}
-    for i, arg in enumerate(node.target._schema.arguments):
-        if i < len(node.args):
-            values[arg.name] = node.args[i]
-        elif arg.name in node.kwargs:
-            values[arg.name] = node.kwargs[arg.name]
-        else:
-            values[arg.name] = arg.default_value if arg.has_default_value() else None
-    return values
 
 
 def _shape_params(query, key, value, dropout_p, scale) -> dict:
@@ -102,6 +89,14 @@ def _mask_params(mask, shapes: dict) -> dict | None:
     return dict(lead=lead, broadcast_rows=shape[2] == 1 and full[2] > 1)
 
 
+def _node_params(node: fx.Node) -> tuple[dict, dict, dict | None, bool]:
+    """What forward and backward read alike: the node's arguments by name, the shape params, the
+    mask params and whether attention is causal."""
+    args = bind_arguments(node)
+    shapes = _shape_params(args["query"], args["key"], args["value"], args["dropout_p"], args["scale"])
+    return args, shapes, _mask_params(args["attn_mask"], shapes), bool(args["is_causal"])
+
+
 def kv_extent(shapes: dict, causal: bool, q_tile_index: int) -> int:
     """Keys a query tile attends to: all of them, or (causal) up to the end of its diagonal chunk."""
     if not causal:
@@ -146,10 +141,7 @@ def _backward_sbuf_bytes(shapes: dict, itemsize: int, mask: dict | None) -> int:
 
 @register_lowering(aten._scaled_dot_product_flash_attention_for_cpu.default)
 def lower_sdpa_forward(node: fx.Node) -> KernelSpec:
-    args = bound_arguments(node)
-    shapes = _shape_params(args["query"], args["key"], args["value"], args["dropout_p"], args["scale"])
-    mask = _mask_params(args["attn_mask"], shapes)
-    causal = bool(args["is_causal"])
+    args, shapes, mask, causal = _node_params(node)
     itemsize = val(args["query"]).element_size()
     _check_sbuf("attention forward", _forward_sbuf_bytes(shapes, itemsize, mask))
     inputs = [args["query"], args["key"], args["value"]] + ([args["attn_mask"]] if mask else [])
@@ -157,17 +149,14 @@ def lower_sdpa_forward(node: fx.Node) -> KernelSpec:
         family="attention_fwd",
         params=dict(shapes, causal=causal, mask=mask, kv_block=KV_BLOCK[min(itemsize, 4)]),
         inputs=inputs,
-        outputs=result_values(node, len(node.meta["val"])),
+        outputs=result_values(node),
         flops=2 * _score_flops(shapes, causal),  # QK^T and PV
     )
 
 
 @register_lowering(aten._scaled_dot_product_flash_attention_for_cpu_backward.default)
 def lower_sdpa_backward(node: fx.Node) -> KernelSpec:
-    args = bound_arguments(node)
-    shapes = _shape_params(args["query"], args["key"], args["value"], args["dropout_p"], args["scale"])
-    mask = _mask_params(args["attn_mask"], shapes)
-    causal = bool(args["is_causal"])
+    args, shapes, mask, causal = _node_params(node)
     q = val(args["query"])
     if val(args["grad_out"]).dtype != q.dtype or val(args["out"]).dtype != q.dtype:
         raise Unsupported(f"attention backward with grad_out {val(args['grad_out']).dtype} / out "
@@ -183,6 +172,6 @@ def lower_sdpa_backward(node: fx.Node) -> KernelSpec:
         family="attention_bwd",
         params=dict(shapes, causal=causal, mask=mask),
         inputs=inputs,
-        outputs=result_values(node, len(node.meta["val"])),
+        outputs=result_values(node),
         flops=5 * _score_flops(shapes, causal),  # QK^T, dO V^T, P^T dO, dS^T Q, dS K
     )

@@ -11,8 +11,9 @@ from __future__ import annotations
 import torch
 import torch.fx as fx
 
+from .common import arg, val
 from .ir import KernelSpec, Unsupported
-from .reduction import arg, plan_copy, val
+from .reduction import plan_copy
 from .registry import register_lowering
 
 aten = torch.ops.aten

@@ -23,8 +23,9 @@ from __future__ import annotations
 import torch
 import torch.fx as fx
 
+from .common import arg, val
 from .ir import KernelSpec, Unsupported
-from .reduction import EXACT_INT_LIMIT, FREE_MAX, PSUM_FMAX, walk_dims, arg, val
+from .reduction import EXACT_INT_LIMIT, FREE_MAX, PSUM_FMAX, walk_dims
 from .registry import register_lowering
 
 aten = torch.ops.aten

@@ -40,6 +40,7 @@ import torch
 import torch.fx as fx
 
 from . import pointwise
+from .common import val
 from .ir import KernelSpec, Unsupported
 from .registry import register_lowering
 
@@ -59,10 +60,6 @@ MAX_BLOCK_M = 1024
 STREAM_PSUM_BANKS = 4
 
 SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-
-
-def _val(node: fx.Node) -> torch.Tensor:
-    return node.meta["val"]
 
 
 # --- Operand views -----------------------------------------------------------------------------
@@ -110,7 +107,7 @@ def _ravel(index: tuple[int, ...], shape: tuple[int, ...]) -> int:
 
 
 def _permutation(node: fx.Node) -> list[int] | None:
-    rank = _val(node).dim()
+    rank = val(node).dim()
     if node.target is aten.t.default:
         return [1, 0] if rank == 2 else None
     if node.target is aten.transpose.int:
@@ -135,7 +132,7 @@ def _step_back(node: fx.Node, indices: list[tuple[int, ...]], swapped: bool):
             or not isinstance(node.args[0], fx.Node)):
         return None
     source = node.args[0]
-    out_shape, in_shape = tuple(_val(node).shape), tuple(_val(source).shape)
+    out_shape, in_shape = tuple(val(node).shape), tuple(val(source).shape)
     rank, in_rank = len(out_shape), len(in_shape)
     if in_rank < 2:
         return None
@@ -162,7 +159,7 @@ def _step_back(node: fx.Node, indices: list[tuple[int, ...]], swapped: bool):
 
 def resolve_operand(node: fx.Node, batch: int) -> Operand:
     """Look through the host views producing a matmul operand to the tensor they read."""
-    rank = _val(node).dim()
+    rank = val(node).dim()
     indices = [(b,) if rank == 3 else () for b in range(batch)]
     best = Operand(node, False, _fit_batch_index(indices, batch) if rank == 3 else [])
     swapped = False
@@ -232,7 +229,7 @@ def _bias_kind(shape: tuple[int, ...], m: int, n: int) -> str:
 
 def _matmul_spec(node: fx.Node, a: fx.Node, b: fx.Node, bias: fx.Node | None = None,
                  beta: float = 1.0, alpha: float = 1.0) -> KernelSpec:
-    a_val, b_val, out_val = _val(a), _val(b), _val(node)
+    a_val, b_val, out_val = val(a), val(b), val(node)
     if a_val.dtype not in SUPPORTED_DTYPES or b_val.dtype != a_val.dtype or out_val.dtype != a_val.dtype:
         raise Unsupported(f"matmul of {a_val.dtype} x {b_val.dtype} -> {out_val.dtype} "
                           f"(TensorE takes fp32/bf16/fp16 operands of one dtype)")
@@ -254,7 +251,7 @@ def _matmul_spec(node: fx.Node, a: fx.Node, b: fx.Node, bias: fx.Node | None = N
         "blocking": plan_blocking(m, n, k, itemsize, "pe_transpose" in (a_load, b_load)),
     }
     if bias is not None:
-        bias_val = _val(bias)
+        bias_val = val(bias)
         if bias_val.dim() == 0:
             raise Unsupported("0-d addmm bias")
         if bias_val.dtype != out_val.dtype:
@@ -297,10 +294,10 @@ def lower_matmul_with_epilogue(mm_node: fx.Node, epilogue_nodes: list[fx.Node], 
     if mm_node.target not in _MATMUL_LOWERINGS:
         raise Unsupported(f"{mm_node.target} is not a matmul this family lowers")
     spec = _MATMUL_LOWERINGS[mm_node.target](mm_node)
-    out_shape = tuple(_val(mm_node).shape)
+    out_shape = tuple(val(mm_node).shape)
     for node in epilogue_nodes:
-        if tuple(_val(node).shape) != out_shape:
-            raise Unsupported(f"epilogue node {node.name} of shape {tuple(_val(node).shape)} on a {out_shape} matmul")
+        if tuple(val(node).shape) != out_shape:
+            raise Unsupported(f"epilogue node {node.name} of shape {tuple(val(node).shape)} on a {out_shape} matmul")
     program = pointwise.build_program(epilogue_nodes, outputs)
     kinds, loads, matmul_var = {}, [], None
     for index, inp in enumerate(program.inputs):
@@ -320,7 +317,7 @@ def lower_matmul_with_epilogue(mm_node: fx.Node, epilogue_nodes: list[fx.Node], 
         spec.inputs.append(inp.value)
     if matmul_var is None:
         raise Unsupported("the epilogue does not read the matmul result")
-    store_dtypes = [pointwise._on_chip_name(_val(node).dtype) for node, _ in program.results]
+    store_dtypes = [pointwise.on_chip_name(val(node).dtype) for node, _ in program.results]
     resolved = pointwise.resolve_program(program, kinds, {matmul_var}, store_dtypes)
     spec.params["epilogue"] = {"matmul_var": matmul_var, "loads": loads, "instrs": resolved.instrs,
                                "stores": resolved.stores}

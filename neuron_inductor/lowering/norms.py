@@ -13,11 +13,11 @@ which works for any shape and for strided / permuted / expanded input views alik
 from __future__ import annotations
 
 import math
-import operator
 
 import torch
 import torch.fx as fx
 
+from .common import result_values, val
 from .ir import KernelSpec, Unsupported
 from .registry import register_lowering
 
@@ -105,24 +105,13 @@ def row_layout(shape: tuple[int, ...], reduced_ndim: int, bytes_per_col: int) ->
 
 # --- node helpers ------------------------------------------------------------------------------
 
-def _val(node) -> torch.Tensor:
-    return node.meta["val"]
-
-
 def _shape(node) -> tuple[int, ...]:
-    return tuple(int(s) for s in _val(node).shape)
-
-
-def _outputs(node: fx.Node) -> list:
-    """Outputs of a multi-output op, in order: its getitem users, or the value metadata of an
-    output nobody reads; outputs the op does not produce (None, from an output mask) are left out."""
-    getitems = {user.args[1]: user for user in node.users if user.target is operator.getitem}
-    return [getitems.get(i, val) for i, val in enumerate(_val(node)) if val is not None]
+    return tuple(int(s) for s in val(node).shape)
 
 
 def _float_input(node: fx.Node, what: str) -> None:
-    if _val(node).dtype not in (torch.float32, torch.bfloat16, torch.float16):
-        raise Unsupported(f"{what} has dtype {_val(node).dtype}; the kernel handles fp32 / bf16 / fp16")
+    if val(node).dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        raise Unsupported(f"{what} has dtype {val(node).dtype}; the kernel handles fp32 / bf16 / fp16")
 
 
 def _reduced_ndim_for_dim(shape: tuple[int, ...], dim: int) -> int:
@@ -136,15 +125,20 @@ def _reduced_ndim_for_dim(shape: tuple[int, ...], dim: int) -> int:
 
 # --- softmax / log_softmax ---------------------------------------------------------------------
 
-@register_lowering(aten._softmax.default, aten._log_softmax.default)
-def lower_softmax(node: fx.Node) -> KernelSpec:
-    x, dim, _half_to_float = node.args
-    _float_input(x, "input")
+def _softmax_layout(x: fx.Node, what: str, dim: int, bytes_per_col: int) -> tuple[tuple[int, ...], dict]:
+    """The shape of the softmax operand `x` and its row layout for a softmax over `dim`."""
+    _float_input(x, what)
     shape = _shape(x)
     if not shape:
         raise Unsupported("0-d input")
+    return shape, row_layout(shape, _reduced_ndim_for_dim(shape, dim), bytes_per_col)
+
+
+@register_lowering(aten._softmax.default, aten._log_softmax.default)
+def lower_softmax(node: fx.Node) -> KernelSpec:
+    x, dim, _half_to_float = node.args
     # Live per column (fp32 worst case): x, its exponentials, y.
-    layout = row_layout(shape, _reduced_ndim_for_dim(shape, dim), 12)
+    shape, layout = _softmax_layout(x, "input", dim, 12)
     return KernelSpec(
         family="softmax",
         params={"mode": "forward", "log": node.target is aten._log_softmax.default, **layout},
@@ -154,12 +148,8 @@ def lower_softmax(node: fx.Node) -> KernelSpec:
 @register_lowering(aten._softmax_backward_data.default, aten._log_softmax_backward_data.default)
 def lower_softmax_backward(node: fx.Node) -> KernelSpec:
     grad_output, output, dim, _input_dtype = node.args
-    _float_input(output, "output")
-    shape = _shape(output)
-    if not shape:
-        raise Unsupported("0-d input")
     # Live per column: dy, y, their product (or exp(y)), dx.
-    layout = row_layout(shape, _reduced_ndim_for_dim(shape, dim), 16)
+    shape, layout = _softmax_layout(output, "output", dim, 16)
     return KernelSpec(
         family="softmax",
         params={"mode": "backward", "log": node.target is aten._log_softmax_backward_data.default, **layout},
@@ -187,14 +177,14 @@ def lower_layer_norm(node: fx.Node) -> KernelSpec:
         params={"mode": "forward", "eps": float(eps), "has_weight": weight is not None,
                 "has_bias": bias is not None, **layout},
         inputs=[x, *_optional_float(weight, "weight"), *_optional_float(bias, "bias")],
-        outputs=_outputs(node), flops=8 * math.prod(shape))
+        outputs=result_values(node), flops=8 * math.prod(shape))
 
 
 @register_lowering(aten.native_layer_norm_backward.default)
 def lower_layer_norm_backward(node: fx.Node) -> KernelSpec:
     grad_out, x, normalized_shape, mean, rstd, weight, _bias, _output_mask = node.args
     _float_input(x, "input")
-    has_dx, has_dw, has_db = (val is not None for val in _val(node))
+    has_dx, has_dw, has_db = (value is not None for value in val(node))
     if has_dw and weight is None:
         raise Unsupported("grad_weight requested without a weight")
     shape = _shape(x)
@@ -212,7 +202,7 @@ def lower_layer_norm_backward(node: fx.Node) -> KernelSpec:
         params={"mode": "backward", "has_weight": weight is not None, "has_dx": has_dx,
                 "has_dw": has_dw, "has_db": has_db, "col_blocks": col_blocks, **layout},
         inputs=[grad_out, x, mean, rstd, *_optional_float(weight, "weight")],
-        outputs=_outputs(node), flops=12 * math.prod(shape))
+        outputs=result_values(node), flops=12 * math.prod(shape))
 
 
 # --- RMS norm ----------------------------------------------------------------------------------
@@ -231,7 +221,7 @@ def lower_rms_norm(node: fx.Node) -> KernelSpec:
         family="rms_norm",
         params={"eps": float(eps), "has_weight": weight is not None, **layout},
         inputs=[x, *_optional_float(weight, "weight")],
-        outputs=_outputs(node), flops=4 * math.prod(shape))
+        outputs=result_values(node), flops=4 * math.prod(shape))
 
 
 # --- cross-entropy (nll_loss over log-probabilities) -------------------------------------------
@@ -258,7 +248,7 @@ def lower_nll_loss(node: fx.Node) -> KernelSpec:
     return KernelSpec(
         family="cross_entropy", params={"mode": "forward", **params},
         inputs=[x, target, *_optional_float(weight, "weight")],
-        outputs=_outputs(node), flops=3 * math.prod(_shape(x)))
+        outputs=result_values(node), flops=3 * math.prod(_shape(x)))
 
 
 @register_lowering(aten.nll_loss_backward.default)

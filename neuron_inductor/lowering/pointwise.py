@@ -24,6 +24,7 @@ Reusable pieces (for epilogues / prologues of the matmul, reduction and norm fam
   Its `instrs` are plain dicts rendered by `codegen_templates/_pointwise_ops.py.j2`
   (`{% from "_pointwise_ops.py.j2" import instruction %}`, one call per instruction with the
   tile sizes of the current iteration).
+- `on_chip_name(dtype)`: the tile dtype name a graph dtype is held in (and stored from).
 
 Numerics: every instruction computes in fp32 on chip (the engines do) and intermediates stay
 fp32; results are rounded once, when stored in the node's dtype (bf16 chains therefore differ
@@ -45,11 +46,12 @@ import math
 import operator
 import struct
 from dataclasses import dataclass
-from typing import Any, Callable, Union
+from typing import Callable, Union
 
 import torch
 import torch.fx as fx
 
+from .common import bind_arguments
 from .ir import KernelSpec
 
 aten = torch.ops.aten
@@ -105,7 +107,7 @@ class ProgramInput:
 
     @property
     def tile_dtype(self) -> str:
-        return _on_chip_name(self.dtype)
+        return on_chip_name(self.dtype)
 
 
 @dataclass
@@ -122,7 +124,8 @@ class PointwiseProgram:
         return next(i.dtype for i in self.instrs if i.out == ref)
 
 
-def _on_chip_name(dtype: torch.dtype) -> str:
+def on_chip_name(dtype: torch.dtype) -> str:
+    """The dtype name of the on-chip tile holding a value of `dtype` (int64 -> int32, bool -> uint8)."""
     if dtype.is_floating_point:
         return {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}[dtype]
     return "uint8" if dtype in (torch.bool, torch.uint8) else "int8" if dtype == torch.int8 else (
@@ -368,19 +371,6 @@ def constant_scalar(node: fx.Node):
 
 
 # ---------------------------------------------------------------------------- ATen op handlers
-
-def _bind(node: fx.Node) -> dict[str, Any]:
-    """Node arguments by schema name, defaults filled in."""
-    bound = {}
-    for i, arg in enumerate(node.target._schema.arguments):
-        if i < len(node.args):
-            bound[arg.name] = node.args[i]
-        elif arg.name in node.kwargs:
-            bound[arg.name] = node.kwargs[arg.name]
-        elif arg.has_default_value():
-            bound[arg.name] = arg.default_value
-    return bound
-
 
 Handler = Callable[[ProgramBuilder, dict], Ref]
 HANDLERS: dict[torch._ops.OpOverload, Handler] = {}
@@ -667,7 +657,7 @@ def _accepts(node: fx.Node, a: dict) -> bool:
 
 
 def _node_args(node: fx.Node) -> dict:
-    a = _bind(node)
+    a = bind_arguments(node)
     a["__op__"] = node.target.overloadpacket
     a["__out_dtype__"] = node.meta["val"].dtype
     return a
@@ -688,7 +678,7 @@ def is_pointwise(node: fx.Node) -> bool:
             return False
     if any(isinstance(v, complex) for v in (*node.args, *node.kwargs.values())):
         return False
-    return _accepts(node, _bind(node))
+    return _accepts(node, bind_arguments(node))
 
 
 def build_program(nodes: list[fx.Node], outputs: list[fx.Node]) -> PointwiseProgram:
@@ -987,7 +977,6 @@ def _view(name: str, logical: tuple[int, ...], view_shape: list[int]) -> str:
 def plan_kernel(program: PointwiseProgram) -> dict:
     """Template parameters: tiling regions, loads, resolved instructions and stores."""
     shape = program.shape
-    n_in = len(program.inputs)
     broadcast = [_broadcast_strides(inp, shape) for inp in program.inputs]
     out_strides = [math.prod(shape[d + 1:]) for d in range(len(shape))]
     sizes, strides, extents = coalesce(
@@ -1002,7 +991,7 @@ def plan_kernel(program: PointwiseProgram) -> dict:
         kinds = {inp.name: "tile" if st and st[0] != 0 else "scalar" for inp, st in zip(program.inputs, strides)}
     operand_kinds = {name: "col" if kind in ("col", "scalar") else "tile" for name, kind in kinds.items()}
     hoisted = {name for name, kind in kinds.items() if kind in ("row", "scalar")}
-    store_dtypes = [_on_chip_name(node.meta["val"].dtype) for node, _ in program.results]
+    store_dtypes = [on_chip_name(node.meta["val"].dtype) for node, _ in program.results]
     resolved = resolve_program(program, operand_kinds, hoisted, store_dtypes)
     free_limit = max(FREE_TILE_MIN, min(FREE_TILE_MAX, SBUF_BYTES_PER_ITERATION // max(resolved.tile_bytes, 1)))
 

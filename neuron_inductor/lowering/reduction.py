@@ -26,12 +26,13 @@ integer sums are exact below 2**24.
 
 from __future__ import annotations
 
-import operator
+import math
 from dataclasses import asdict, dataclass
 
 import torch
 import torch.fx as fx
 
+from .common import arg, result_values, val
 from .ir import KernelSpec, Unsupported
 from .registry import register_lowering
 
@@ -126,7 +127,7 @@ def _split(group: list[int], shape) -> tuple[list[int], list[int]]:
     """Split one group of dims: the longest suffix fitting a free-axis tile (at least the last
     dim) for the free axis, the rest for partitions."""
     split = max(len(group) - 1, 0)
-    while split > 0 and _prod(shape[d] for d in group[split - 1:]) <= FREE_MAX:
+    while split > 0 and math.prod(shape[d] for d in group[split - 1:]) <= FREE_MAX:
         split -= 1
     return group[:split], group[split:]
 
@@ -145,34 +146,7 @@ def walk_dims(shape, reduced, p_group, f_group, free_limit: int) -> list[Dim]:
     return dims
 
 
-def _prod(values) -> int:
-    out = 1
-    for v in values:
-        out *= v
-    return out
-
-
-# ---- argument helpers -------------------------------------------------------------------------
-
-def arg(node: fx.Node, position: int, name: str, default=None):
-    """An argument of an ATen call given positionally or by keyword."""
-    if len(node.args) > position:
-        return node.args[position]
-    return node.kwargs.get(name, default)
-
-
-def val(value) -> torch.Tensor:
-    return value.meta["val"] if isinstance(value, fx.Node) else value
-
-
-def result_values(node: fx.Node, count: int) -> list:
-    """The `count` results of a multi-output op: its getitem users, or the value metadata."""
-    results: list = list(val(node)[:count])
-    for user in node.users:
-        if user.target is operator.getitem and user.args[1] < count:
-            results[user.args[1]] = user
-    return results
-
+# ---- dim arguments ------------------------------------------------------------------------------
 
 def normalize_dims(dims, rank: int) -> set[int]:
     """Reduced dims as a set of non-negative ints; None or [] means every dim."""
@@ -221,7 +195,7 @@ def reduction_spec(node: fx.Node, kind: str, reduced: set[int], keepdim: bool, o
     if x.numel() == 0:
         raise Unsupported("reduction of an empty tensor")
     layout, dims = plan_dims(shape, reduced, _free_limit(kind))
-    count = _prod(shape[d] for d in reduced)
+    count = math.prod(shape[d] for d in reduced)
     if kind in ("argmax", "argmin"):
         nonunit = [d for d in reduced if shape[d] > 1]
         if len(nonunit) > 1:
@@ -253,20 +227,25 @@ def reduction_spec(node: fx.Node, kind: str, reduced: set[int], keepdim: bool, o
     return KernelSpec("reduction", params, [node.args[0]], outputs, flops=x.numel())
 
 
-def _dtype_check(node: fx.Node, dtype) -> None:
-    if dtype is not None and dtype != val(node).dtype:
-        raise Unsupported(f"dtype={dtype} differs from the result dtype")
+# Overloads without a dim argument: they reduce every dim.
+_EVERY_DIM = {aten.sum.default, aten.mean.default, aten.max.default, aten.min.default, aten.prod.default,
+             aten.any.default, aten.all.default}
+
+
+def _reduced_dims(node: fx.Node) -> tuple[set[int], bool]:
+    """(reduced dims, keepdim) of a reduction called as op(self, dim, keepdim), or of an _EVERY_DIM
+    overload."""
+    rank = val(node.args[0]).dim()
+    if node.target in _EVERY_DIM:
+        return set(range(rank)), False
+    return normalize_dims(arg(node, 1, "dim"), rank), bool(arg(node, 2, "keepdim", False))
 
 
 @register_lowering(aten.sum.dim_IntList, aten.sum.default, aten.mean.dim, aten.mean.default)
 def lower_sum(node: fx.Node) -> KernelSpec:
     x = val(node.args[0])
     kind = "mean" if node.target in (aten.mean.dim, aten.mean.default) else "sum"
-    if node.target in (aten.sum.default, aten.mean.default):
-        reduced, keepdim = set(range(x.dim())), False
-    else:
-        reduced = normalize_dims(arg(node, 1, "dim"), x.dim())
-        keepdim = bool(arg(node, 2, "keepdim", False))
+    reduced, keepdim = _reduced_dims(node)
     if x.dtype == torch.float64 or val(node).dtype == torch.float64:
         raise Unsupported("float64")
     return reduction_spec(node, kind, reduced, keepdim, [node])
@@ -274,26 +253,19 @@ def lower_sum(node: fx.Node) -> KernelSpec:
 
 @register_lowering(aten.amax.default, aten.amin.default)
 def lower_amax(node: fx.Node) -> KernelSpec:
-    x = val(node.args[0])
-    reduced = normalize_dims(arg(node, 1, "dim", []), x.dim())
     kind = "max" if node.target is aten.amax.default else "min"
-    return reduction_spec(node, kind, reduced, bool(arg(node, 2, "keepdim", False)), [node])
+    return reduction_spec(node, kind, *_reduced_dims(node), [node])
 
 
 @register_lowering(aten.max.default, aten.min.default)
 def lower_max_all(node: fx.Node) -> KernelSpec:
-    x = val(node.args[0])
     kind = "max" if node.target is aten.max.default else "min"
-    return reduction_spec(node, kind, set(range(x.dim())), False, [node])
+    return reduction_spec(node, kind, *_reduced_dims(node), [node])
 
 
 @register_lowering(aten.prod.dim_int, aten.prod.default)
 def lower_prod(node: fx.Node) -> KernelSpec:
-    x = val(node.args[0])
-    if node.target is aten.prod.default:
-        reduced, keepdim = set(range(x.dim())), False
-    else:
-        reduced, keepdim = normalize_dims(arg(node, 1, "dim"), x.dim()), bool(arg(node, 2, "keepdim", False))
+    reduced, keepdim = _reduced_dims(node)
     if not val(node).dtype.is_floating_point:
         raise Unsupported("integer products overflow fp32 exactness")
     return reduction_spec(node, "prod", reduced, keepdim, [node])
@@ -303,10 +275,7 @@ def lower_prod(node: fx.Node) -> KernelSpec:
 def lower_any_all(node: fx.Node) -> KernelSpec:
     x = val(node.args[0])
     kind = "any" if node.target in (aten.any.dim, aten.any.dims, aten.any.default) else "all"
-    if node.target in (aten.any.default, aten.all.default):
-        reduced, keepdim = set(range(x.dim())), False
-    else:
-        reduced, keepdim = normalize_dims(arg(node, 1, "dim"), x.dim()), bool(arg(node, 2, "keepdim", False))
+    reduced, keepdim = _reduced_dims(node)
     if x.dtype != torch.bool:
         raise Unsupported("any/all of a non-bool tensor (decompositions compare to zero first)")
     return reduction_spec(node, kind, reduced, keepdim, [node])
@@ -314,21 +283,17 @@ def lower_any_all(node: fx.Node) -> KernelSpec:
 
 @register_lowering(aten.max.dim, aten.min.dim)
 def lower_max_dim(node: fx.Node) -> KernelSpec:
-    x = val(node.args[0])
     kind = "argmax" if node.target is aten.max.dim else "argmin"
-    reduced = normalize_dims(arg(node, 1, "dim"), x.dim())
-    return reduction_spec(node, kind, reduced, bool(arg(node, 2, "keepdim", False)), result_values(node, 2))
+    return reduction_spec(node, kind, *_reduced_dims(node), result_values(node))
 
 
 @register_lowering(aten.argmax.default, aten.argmin.default)
 def lower_argmax(node: fx.Node) -> KernelSpec:
     x = val(node.args[0])
     kind = "argmax" if node.target is aten.argmax.default else "argmin"
-    dim = arg(node, 1, "dim")
-    keepdim = bool(arg(node, 2, "keepdim", False))
-    if dim is None and x.dim() > 1:
+    if arg(node, 1, "dim") is None and x.dim() > 1:
         raise Unsupported("argmax/argmin over a flattened multi-dim tensor")
-    return reduction_spec(node, kind, normalize_dims(dim, x.dim()), keepdim, [node])
+    return reduction_spec(node, kind, *_reduced_dims(node), [node])
 
 
 @register_lowering(aten.var.correction, aten.var_mean.correction)
@@ -340,7 +305,7 @@ def lower_var(node: fx.Node) -> KernelSpec:
     correction = node.kwargs.get("correction")
     correction = 1.0 if correction is None else float(correction)
     keepdim = bool(node.kwargs.get("keepdim", False))
-    outputs = result_values(node, 2) if node.target is aten.var_mean.correction else [node]
+    outputs = result_values(node) if node.target is aten.var_mean.correction else [node]
     return reduction_spec(node, "var", reduced, keepdim, outputs, correction)
 
 
