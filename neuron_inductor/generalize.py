@@ -31,7 +31,7 @@ import sympy
 import torch
 import torch.fx as fx
 from torch._dynamo.source import ConstantSource
-from torch._subclasses.fake_tensor import FakeTensorMode
+from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv
 
@@ -81,8 +81,9 @@ def _is_literal(value) -> bool:
 def _constant_digest(gm: fx.GraphModule, node: fx.Node) -> str:
     value = getattr(gm, node.target)
     if isinstance(value, torch.Tensor):
-        data = value.detach().cpu().contiguous().flatten().view(torch.uint8)
-        return f"{value.dtype}{tuple(value.shape)}:" + hashlib.sha256(data.numpy().tobytes()).hexdigest()
+        with unset_fake_temporarily():  # AOTAutograd calls the compilers under its fake mode
+            data = value.detach().cpu().contiguous().flatten().view(torch.uint8).numpy().tobytes()
+        return f"{value.dtype}{tuple(value.shape)}:" + hashlib.sha256(data).hexdigest()
     return repr(value)
 
 

@@ -97,6 +97,12 @@ CASES = {
     "scatter_add": Case(lambda ids, src: torch.zeros(2, 11).scatter_add(1, ids, src),
                         lambda n, g: [_ids(n, g), _rand(2, n, generator=g)], [(0, 1), (1, 1)]),
     "cumsum": Case(lambda x: (x.cumsum(1), torch.logcumsumexp(x, 1)), _seq(), [(0, 1)]),
+    "pad_past_the_real_end": Case(lambda x: F.pad(x.transpose(1, 2), (1, 2), value=-3.0).cumsum(-1), _seq(),
+                                  [(0, 1)]),
+    "labels_shifted_by_padding": Case(  # Hugging Face's causal-LM loss shifts labels this way
+        lambda logits, labels: F.cross_entropy(logits.reshape(-1, 7), F.pad(labels, (0, 1), value=-100)[:, 1:].reshape(-1),
+                                               ignore_index=-100),
+        lambda n, g: [_rand(2, n, 7, generator=g, grad=True), _labels_with_ignored(n, g)], [(0, 1), (1, 1)]),
     "cumsum_from_the_end_runs_unpadded": Case(lambda x: x.flip(1).cumsum(1).flip(1), _seq(), [(0, 1)], mode="exact"),
     "cross_entropy_ignore_index": Case(_cross_entropy, lambda n, g: [_rand(2, n, 7, generator=g, grad=True),
                                                                      _labels_with_ignored(n, g)], [(0, 1), (1, 1)]),

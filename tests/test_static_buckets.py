@@ -209,3 +209,32 @@ def test_four_processes_on_an_empty_cache_compile_each_key_once(tmp_path):
     assert all(w.returncode == 0 for w in workers)
     assert sum(int(compiles) for compiles, _ in results) == 3
     assert all(int(compiles) + int(hits) == 3 for compiles, hits in results)
+
+
+@pytest.mark.slow
+def test_hugging_face_llama_with_padding_mask_reuses_bucket_kernels(host_only, tmp_path):
+    """The Trainer's case: a transformers causal LM compiled with dynamic=False, an attention mask with
+    left padding and labels (which its loss shifts with F.pad): loss and gradients equal eager."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512)
+    model, reference = transformers.LlamaForCausalLM(cfg), transformers.LlamaForCausalLM(cfg)
+    reference.load_state_dict(model.state_dict())
+    compiled = _compile_static(model, tmp_path)
+    before = len(runtime.COMPILED_PROGRAMS)
+    for n in (5, 9, 30, 131):
+        ids = torch.randint(0, 64, (2, n), generator=torch.Generator().manual_seed(n))
+        mask = torch.ones(2, n, dtype=torch.long)
+        mask[1, : n // 3] = 0
+        losses = []
+        for net in (compiled, reference):
+            loss = net(input_ids=ids, attention_mask=mask, labels=ids).loss
+            loss.backward()
+            losses.append(loss.detach())
+        assert torch.allclose(losses[0], losses[1], rtol=1e-5), (n, losses)
+        for param, expected in zip(model.parameters(), reference.parameters()):
+            assert torch.allclose(param.grad, expected.grad, rtol=1e-5, atol=1e-6 * expected.grad.abs().max().item()), n
+        model.zero_grad()
+        reference.zero_grad()
+    assert _compiled_buckets(before) == ["static", "static", "128", "128", "256", "256"]

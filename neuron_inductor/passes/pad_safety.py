@@ -127,7 +127,6 @@ NEVER_PADDED = {  # op -> why padding along its data dims cannot be neutralised 
     aten.native_group_norm.default: "normalises over a padded dim",
     aten.native_batch_norm.default: "normalises over a padded dim",
     aten._native_batch_norm_legit_functional.default: "normalises over a padded dim",
-    aten.constant_pad_nd.default: "pads a padded dim",
     aten.cummax.default: "returns indices across a merged padded dim",
     aten.cummin.default: "returns indices across a merged padded dim",
 }
@@ -327,6 +326,8 @@ class _Rewriter:
             return self.slice(node)
         if target in (aten.slice_scatter.default, aten.select_scatter.default):
             return self.scatter_into_slice(node)
+        if target is aten.constant_pad_nd.default:
+            return self.constant_pad(node)
         if target in NEVER_PADDED:
             return self.check_untouched(node)
         if target in (aten.split.Tensor, aten.split_with_sizes.default, aten.unbind.int):
@@ -357,17 +358,12 @@ class _Rewriter:
             aten.native_layer_norm.default: lambda: range(-len(node.args[1]), 0),
             aten.native_layer_norm_backward.default: lambda: range(-len(node.args[2]), 0),
             aten._fused_rms_norm.default: lambda: range(-len(node.args[1]), 0),
-            aten.constant_pad_nd.default: lambda: range(-(len(node.args[1]) // 2), 0),
             aten.cummax.default: lambda: [node.args[1]], aten.cummin.default: lambda: [node.args[1]],
         }.get(target, lambda: None)()
         arg = node.args[1] if target is aten.native_layer_norm_backward.default else node.args[0]
         dims = self.padded_dims(arg, data_dims)
         if target in (aten.cummax.default, aten.cummin.default):
             dims = [d for d in dims if len(self.dim_layout(arg, d) or ()) != 1]
-        if target is aten.constant_pad_nd.default:
-            pads = node.args[1]
-            rank = tensor_val(arg).dim()
-            dims = [d for d in dims if pads[2 * (rank - 1 - d)] or pads[2 * (rank - 1 - d) + 1]]
         if dims:
             raise Unsafe(NEVER_PADDED[target])
 
@@ -491,19 +487,19 @@ class _Rewriter:
             raise Unsafe("causal attention whose query and key lengths are padded differently")
         if UNKNOWN in (key_layout, query_layout):
             raise Unsafe("attention over a sequence dim whose padding layout is not known")
+        dtype = tensor_val(query).dtype  # read before mask_args replaces the operands with unannotated nodes
         specs = [(i, [-2], "zero") for i in tensors]
         if not forward:
             specs.append((5, [-1], "zero"))  # logsumexp rows of padded queries
         self.mask_args(node, specs, "padded rows -> 0" + ("" if causal else ", padded keys masked"))
         if not causal and key_layout is not None:
-            self.key_mask(node, key)
+            self.key_mask(node, key, dtype)
 
-    def key_mask(self, node: fx.Node, key: fx.Node) -> None:
+    def key_mask(self, node: fx.Node, key: fx.Node, dtype: torch.dtype) -> None:
         """Non-causal attention: padded keys get -inf scores through attn_mask."""
         valid = self.mask_for(key, [-2])  # [..., Lk, 1]
         valid = self._call(aten.transpose.int, valid, -1, -2)  # [..., 1, Lk]
         existing = node.kwargs.get("attn_mask")
-        dtype = tensor_val(node.args[0] if node.target is ATTENTION else node.args[1]).dtype
         if existing is None:
             mask = self._call(aten.where.self, valid, self._call(aten.scalar_tensor.default, 0.0, dtype=dtype),
                               self._call(aten.scalar_tensor.default, -math.inf, dtype=dtype))
@@ -586,6 +582,42 @@ class _Rewriter:
         node.replace_all_uses_with(result)
         self.graph.erase_node(node)
         self.note(node, "start counted from the real end")
+
+    def constant_pad(self, node: fx.Node) -> None:
+        """Padding a padded dim puts the fill after the bucket's padding, not after the real data (as
+        `F.pad(labels, (0, 1), value=ignore_index)` for shifted labels expects): every position from
+        the real end on takes the fill value."""
+        source, pads = node.args[0], node.args[1]
+        fill = node.args[2] if len(node.args) > 2 else node.kwargs.get("value", 0)
+        rank = tensor_val(source).dim()
+        ends = []
+        for pair in range(len(pads) // 2):
+            dim = rank - 1 - pair
+            layout = self.dim_layout(source, dim)
+            if layout is None:
+                continue
+            before, after = pads[2 * pair], pads[2 * pair + 1]
+            if layout == UNKNOWN or len(layout) > 1 or not (isinstance(before, int) and isinstance(after, int)):
+                raise Unsafe("pads a merged padded dim (or by a symbolic amount)")
+            if after < 0:
+                raise Unsafe("crops the end of a padded dim")
+            ends.append((dim, sympy.Integer(before) + size_expr(tensor_val(source).shape[dim])))
+        if not ends:
+            return
+        created: set[fx.Node] = set()
+        result = node
+        with self.graph.inserting_before(node.next):
+            for dim, real_end in ends:
+                size = self._call(aten.sym_size.int, node, dim)
+                positions = self._call(aten.arange.start_step, 0, size, 1, dtype=torch.int64)
+                keep = self._call(aten.lt.Tensor, positions, self.real_scalar(real_end))
+                keep = self._call(aten.view.default, keep, [-1] + [1] * (rank - 1 - dim))
+                fill_value = self._call(aten.scalar_tensor.default, fill, dtype=tensor_val(node).dtype)
+                result = self._call(aten.where.self, keep, result, fill_value)
+                created |= {size, positions, keep, fill_value, result}
+        result.meta["val"], self.layouts[result] = node.meta["val"], self.layouts[node]  # for the rules downstream
+        node.replace_all_uses_with(result, delete_user_cb=lambda user: user not in created)
+        self.note(node, "positions past the real end -> fill value")
 
     def scatter_into_slice(self, node: fx.Node) -> None:
         base, dim = node.args[0], node.args[2]
