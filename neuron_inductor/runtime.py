@@ -118,7 +118,6 @@ class GraphRunner:
         # A static graph's place in its family (see `generalize`); its plan never changes once made.
         self.static_sample = (generalize.Sample.of(gm, kind, f"{config.cache_hash()}|{config.cache_dir}")
                               if not self.symbolic and self.policy.enabled else None)
-        self.form: generalize.SymbolicForm | None = None
         self._static_plan: CallPlan | None = None
         if config.raise_recompile_limit:
             bucketing.raise_recompile_limit(self.policy)
@@ -154,7 +153,6 @@ class GraphRunner:
 
     def _adopt(self, form: generalize.SymbolicForm) -> None:
         """Run as an instance of `form`: its shapes, cache keys, pad-safe graph and programs."""
-        self.form = form
         self.symbols = (form.symbol,)
         self.input_specs = [_value_spec(v) for v in form.example_inputs]
         self.output_specs = _output_specs(form.gm)
