@@ -22,15 +22,18 @@ class WrapperError(RuntimeError):
     """A host step has an argument the wrapper cannot write as Python source."""
 
 
-def _literal(value, names: dict[fx.Node, str]) -> str:
-    """Python source for an FX argument."""
+def _literal(value, names: dict[fx.Node, str], namespaces: set[str]) -> str:
+    """Python source for an FX argument (op namespaces it refers to are added to `namespaces`)."""
     if isinstance(value, fx.Node):
         return names[value]
     if isinstance(value, (list, tuple)):
-        items = ", ".join(_literal(v, names) for v in value)
+        items = ", ".join(_literal(v, names, namespaces) for v in value)
         return f"[{items}]" if isinstance(value, list) else f"({items}{',' if len(value) == 1 else ''})"
-    if isinstance(value, bool) or value is None or isinstance(value, (int, str)):
+    if isinstance(value, bool) or value is None or isinstance(value, (int, str, complex)):
         return repr(value)
+    if isinstance(value, torch._ops.OpOverload):
+        namespaces.add(value.namespace)
+        return f"{value.namespace}.{value.overloadpacket.__name__}.{value._overloadname}"
     if isinstance(value, float):
         return repr(value) if math.isfinite(value) else f"float('{value}')"
     if isinstance(value, (torch.dtype, torch.memory_format, torch.layout)):
@@ -41,11 +44,13 @@ def _literal(value, names: dict[fx.Node, str]) -> str:
 
 
 def _call_source(node: fx.Node, names: dict[fx.Node, str], namespaces: set[str]) -> str:
-    args = [_literal(a, names) for a in node.args]
-    args += [f"{k}={_literal(v, names)}" for k, v in node.kwargs.items()]
-    if node.target is operator.getitem:
-        return f"{args[0]}[{args[1]}]"
+    args = [_literal(a, names, namespaces) for a in node.args]
+    args += [f"{k}={_literal(v, names, namespaces)}" for k, v in node.kwargs.items()]
     target = node.target
+    if target is operator.getitem:
+        return f"{args[0]}[{args[1]}]"
+    if getattr(target, "__module__", None) in ("_operator", "operator"):
+        return f"operator.{target.__name__}({', '.join(args)})"  # host arithmetic on sizes (SymInt checks)
     if not isinstance(target, torch._ops.OpOverload):
         raise WrapperError(f"host step {node.format_node()} does not call an ATen op")
     namespace = target.namespace  # aten, prims, ...: each bound to torch.ops.<namespace> in the wrapper
@@ -94,6 +99,8 @@ def render_wrapper(gm: fx.GraphModule, lowered: LoweredGraph, name: str = "run")
             if step.kind == "constant":
                 constants.append(node.target)
                 lines.append(f"{value_name(node)} = constants[{node.target!r}]")
+            elif step.kind == "scalar":
+                lines.append(f"{value_name(node)} = {_call_source(node, names, namespaces)}  # host: size arithmetic")
             elif step.kind == "view":
                 lines.append(f"{value_name(node)} = {_call_source(node, names, namespaces)}  # view: no data moves")
                 if any(inp in narrowed for inp in node.all_input_nodes):
@@ -103,7 +110,7 @@ def render_wrapper(gm: fx.GraphModule, lowered: LoweredGraph, name: str = "run")
                 lines.append(f"{value_name(node)} = {_call_source(node, host_names(), namespaces)}  # fallback: {reason}")
 
     output = next(n for n in gm.graph.nodes if n.op == "output")
-    returns = _literal(list(output.args[0]), host_names())
+    returns = _literal(list(output.args[0]), host_names(), namespaces)
     source = environment().get_template("wrapper.py.j2").render(
         name=name, num_args=len(placeholders), lines=lines, returns=returns, namespaces=sorted(namespaces))
     return source, constants

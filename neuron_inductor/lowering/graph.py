@@ -72,7 +72,10 @@ class _Layouts:
 
     def run(self, node: fx.Node) -> bool:
         """Compute the node's layout by running it on meta tensors; False if that is not possible."""
-        if any(inp not in self.metas for inp in node.all_input_nodes):
+        # Only ops on tensors run (on meta tensors): a factory op would run for real on its device
+        # and draw from the RNG (randn) or allocate memory.
+        inputs = node.all_input_nodes
+        if not inputs or any(inp not in self.metas for inp in inputs):
             return False
         args, kwargs = fx.node.map_arg((node.args, node.kwargs), lambda n: self.metas[n])
         try:
@@ -197,6 +200,9 @@ def lower_graph(gm: fx.GraphModule, fallback_mode: str = "warn",
             layouts.run(node)
         if needs_group(node):
             flush()
+        if getattr(node.target, "__module__", None) == "_operator" and not _is_tensor(node):
+            steps.append(HostStep(node, "scalar"))  # arithmetic / checks on sizes, not tensor math
+            continue
         if node.target is operator.getitem or node.target in VIEW_OPS:
             steps.append(HostStep(node, "view"))
             layouts.run(node) or layouts.set_from_value(node, contiguous=False)

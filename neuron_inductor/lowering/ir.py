@@ -53,7 +53,7 @@ class KernelStep:
 @dataclass
 class HostStep:
     node: fx.Node
-    kind: str  # "view" | "fallback" | "constant"
+    kind: str  # "view" | "fallback" | "constant" | "scalar" (Python arithmetic on sizes)
     reason: str = ""
 
 

@@ -364,6 +364,8 @@ def constant_scalar(node: fx.Node):
         value = node.args[1]
     else:
         return None
+    if isinstance(value, fx.Node):
+        return None  # a value known only at run time (e.g. from .item())
     dtype = node.meta["val"].dtype
     if dtype.is_floating_point:
         return float(value)
@@ -479,11 +481,18 @@ def _expm1(b, a):
 
 @_handles(aten.log1p.default)
 def _log1p(b, a):
-    # log1p(x) = log(u) - ((u - 1) - x) / u with u = 1 + x: corrects the rounding of u.
+    # log1p(x) = log(u) - ((u - 1) - x) / u with u = 1 + x: corrects the rounding of u. The
+    # correction is computed on x clamped to [.., 1e30] and u clamped to [1e-30, ..]: that keeps
+    # x = inf at inf (not inf - inf) and x = -1 at log(0) = -inf (not 0 * inf), and changes nothing
+    # else (1 + x is exact for x in [-1, -0.5], so u there is 0 or >= 2**-24; for x > 1e30 the
+    # correction is 0 anyway).
     x = b.ref(a["self"])
     u = b.ts(x, "add", 1.0, dtype="float32")
-    rounding = b.stt(u, "subtract", 1.0, "subtract", x, "float32")
-    correction = b.alu("multiply", rounding, b.recip(u, dtype="float32"), "float32")
+    finite_x = b.ts(x, "minimum", 1e30, dtype="float32")
+    finite_u = b.ts(finite_x, "add", 1.0, dtype="float32")
+    rounding = b.stt(finite_u, "subtract", 1.0, "subtract", finite_x, "float32")
+    safe_u = b.ts(finite_u, "maximum", 1e-30, dtype="float32")
+    correction = b.alu("multiply", rounding, b.recip(safe_u, dtype="float32"), "float32")
     return b.alu("subtract", b.act("log", u, dtype="float32"), correction)
 
 
