@@ -1,19 +1,19 @@
 """Greedy generation with a static KV cache, the decoding step compiled by the neuron backend, offline on CPU:
 
-    python examples/generate.py [--max_new_tokens 16] [--batch 2] [--prompt "A compiler is"]
+    python examples/generate.py [--max_new_tokens 16] [--batch 2] [--prompt "A compiler is"] [--train_steps 40]
 
 `model.generate(..., cache_implementation="static", compile_config=...)` runs the prefill eagerly and
 compiles the one-token decoding step (fixed shapes: the static cache is allocated at its full length, so
 every step has the same graph). The script decodes eagerly too and checks the tokens are identical.
 
-The tiny LlamaForCausalLM is random-initialised, so the text is noise unless --train_steps is given: a few
-eager optimizer steps on examples/data/tiny_corpus.txt first, so the greedy continuation looks like
-the corpus.
+The tiny LlamaForCausalLM is random-initialised; --train_steps (default 40) eager AdamW steps on
+examples/data/tiny_corpus.txt first give the greedy continuation some of the corpus' words.
 
 The KV-cache update is an input mutation of the cache buffers (`index_copy_` at the cache position along
-the sequence dim). Inside the compiled step it becomes an `index_put` over dim 2, which neuron_inductor
-runs on the host (a documented fallback: the indexing family scatters along dim 0 only), followed by the
-in-place copy back into the cache buffer. The summary at the end lists every host fallback.
+the sequence dim). In the compiled step it is an `index_put` over dim 2, which neuron_inductor runs on the
+host (a documented fallback: its indexing family scatters along dim 0 only), then an in-place `copy_`
+back into the cache buffer, which runs in a copy kernel. The cache's 0-d per-layer position counter is
+also written with a host `copy_` (0-d data movement). The summary at the end lists every host fallback.
 """
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prompt", default="A compiler is")
     parser.add_argument("--batch", type=int, default=2, help="copies of the prompt (one with its first byte cut)")
     parser.add_argument("--max_new_tokens", type=int, default=16)
-    parser.add_argument("--train_steps", type=int, default=0)
+    parser.add_argument("--train_steps", type=int, default=40)
     args = parser.parse_args(argv)
 
     tokenizer = byte_tokenizer()
