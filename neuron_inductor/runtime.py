@@ -258,18 +258,30 @@ class GraphRunner:
             raise violation
         log.error("neuron_inductor: %s; its ops run eagerly on the host instead", violation)
         static_gm = program.static_gm if program.static_gm is not None else self._static_gm(plan, inputs)
+        # Ops of kernels that broke a rule before stay on the host (by node name: cache entries keep them).
+        nodes = {node.name: node for node in static_gm.graph.nodes}
+        force = {nodes[name]: why for name, why in program.artifact.meta.get("forced_fallbacks", {}).items()}
         lowered = program.lowered
-        if lowered is None:  # loaded from the cache: lower again to find the kernel's nodes
-            _, lowered = compile_static_graph(static_gm, self.config.fallback)
+        if lowered is None:  # loaded from the cache: lower again, as it was, to find the kernel's nodes
+            _, lowered = compile_static_graph(static_gm, self.config.fallback, force)
         spec = next(s for s in lowered.kernels if s.name == violation.kernel)
         reason = f"generated kernel {violation.kernel} broke a hardware rule: {violation.error}"
-        force = {node: reason for node in _kernel_nodes(spec)}
+        force.update({node: reason for node in _kernel_nodes(spec)})
         artifact, lowered = compile_static_graph(static_gm, self.config.fallback, force)
         artifact.meta["bucket"] = plan.label
+        artifact.meta["forced_fallbacks"] = {node.name: why for node, why in force.items()}
         fixed = self._load_program(artifact, static_gm)
         fixed.lowered = lowered
         get_cache(self.config.cache_dir).replace(self.key_parts(plan), artifact)
         return fixed
+
+    def _mutated_inputs_while_unchecked(self, program: Program, inputs: list) -> dict[int, torch.Tensor]:
+        """Copies of the inputs the graph writes into, while some kernel has not had its checked first
+        call: a rule violation stops a run after earlier kernels may have written them, and the
+        re-lowered program must start from the old values."""
+        if program.validated or self.toolchain.name != "simulator":  # only the interpreter checks rules
+            return {}
+        return {index: inputs[index].clone() for index in self.mutated_inputs}
 
     # -- calling -----------------------------------------------------------------------------
 
@@ -283,10 +295,13 @@ class GraphRunner:
         def execute() -> list:
             nonlocal program
             while True:
+                before = self._mutated_inputs_while_unchecked(program, inputs)
                 try:
                     outputs = program(inputs)
                     break
                 except KernelRuleViolation as violation:
+                    for index, value in before.items():
+                        inputs[index].copy_(value)
                     program = self.programs[plan.signature] = self._recompile_without(program, violation, plan, inputs)
             return self.finish(plan, outputs, args, inputs)
 
