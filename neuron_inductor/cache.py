@@ -11,7 +11,8 @@ Writes go to a temp file in the same folder and are renamed into place (atomic o
 per-key `fcntl.flock` lock file (Linux / POSIX only) lets concurrent processes — e.g. torchrun
 ranks — compile a key once: take the lock, look again, compile, write, release. A truncated or
 corrupt entry is reported, deleted and rebuilt; it is never trusted. If the folder cannot be
-written, the cache warns once and keeps working in memory only.
+written, the cache warns once and keeps new entries in memory only (a read-only folder's existing
+entries are still used).
 """
 
 from __future__ import annotations
@@ -105,19 +106,25 @@ class CompileCache:
     def __init__(self, folder: Path | None) -> None:
         self.memory: dict[str, tuple[dict, CompiledArtifact]] = {}
         self.stats = _Stats()
-        self.folder = self._usable(folder) if folder is not None else None
+        self.folder, self.writable = self._usable(folder) if folder is not None else (None, False)
 
-    def _usable(self, folder: Path) -> Path | None:
+    def _usable(self, folder: Path) -> tuple[Path | None, bool]:
+        """(folder, writable): a folder that exists but cannot be written (a shared, pre-filled cache
+        mounted read-only) is still read."""
         try:
             folder.mkdir(parents=True, exist_ok=True)
             probe = tempfile.NamedTemporaryFile(dir=folder, prefix=".probe", delete=True)
             probe.close()
-            return folder
+            return folder, True
         except OSError as exc:
+            if folder.is_dir() and os.access(folder, os.R_OK | os.X_OK):
+                warnings.warn(f"neuron_inductor: cache folder {folder} is read-only ({exc}); its entries are used, "
+                              "new ones are cached in memory only for this process.", RuntimeWarning, stacklevel=3)
+                return folder, False
             warnings.warn(f"neuron_inductor: cache folder {folder} is not writable ({exc}); compiled kernels are "
                           "cached in memory only for this process. Set NEURON_INDUCTOR_CACHE_DIR to a writable "
                           "folder.", RuntimeWarning, stacklevel=3)
-            return None
+            return None, False
 
     # -- disk --------------------------------------------------------------------------------
 
@@ -152,6 +159,8 @@ class CompileCache:
             raise CorruptEntry(f"bad body: {exc}") from exc
 
     def _write(self, key: str, parts: dict, artifact: CompiledArtifact) -> None:
+        if not self.writable:
+            return
         try:
             body = _artifact_to_json(artifact).encode()
         except (TypeError, ValueError) as exc:
@@ -175,7 +184,7 @@ class CompileCache:
 
     @contextlib.contextmanager
     def _locked(self, key: str) -> Iterator[None]:
-        if self.folder is None:
+        if not self.writable:
             yield
             return
         lock_path = self.path(key).with_suffix(".lock")
