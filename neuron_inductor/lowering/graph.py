@@ -47,6 +47,16 @@ def _is_tensor(node: fx.Node) -> bool:
     return isinstance(node.meta.get("val"), torch.Tensor)
 
 
+def _no_lowering_reason(node: fx.Node) -> str:
+    """Why a node without a registered lowering falls back; a pointwise op was refused for its dtypes
+    or arguments (float64 and complex have no on-chip type), not for lack of a kernel."""
+    if node.target not in pointwise.HANDLERS:
+        return f"no lowering for {op_name(node)}"
+    values = [node.meta.get("val")] + [n.meta.get("val") for n in node.all_input_nodes]
+    dtypes = sorted({str(v.dtype).removeprefix("torch.") for v in values if isinstance(v, torch.Tensor)})
+    return f"{op_name(node)}: the pointwise kernels do not take these arguments (dtypes {', '.join(dtypes)})"
+
+
 _RESHAPING_VIEWS = {torch.ops.aten.view.default, torch.ops.aten._unsafe_view.default}
 
 
@@ -212,7 +222,7 @@ def lower_graph(gm: fx.GraphModule, fallback_mode: str = "warn",
             continue
         lowering = LOWERINGS.get(node.target)
         if lowering is None:
-            fall_back(node, f"no lowering for {op_name(node)}")
+            fall_back(node, _no_lowering_reason(node))
             continue
         try:
             spec = lowering(node)
