@@ -58,6 +58,7 @@ from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import torch
 import torch.utils._pytree as pytree
@@ -70,6 +71,7 @@ TOLERANCES = {torch.float32: {"atol": 1e-5, "rtol": 1e-4}, torch.bfloat16: {"ato
 TIMEOUT_SECONDS = 300
 READY_TIMEOUT_SECONDS = 600  # a worker's start: importing op_db alone takes ~20 s on a busy machine
 TABLE_FILE = Path(__file__).with_suffix(".md")
+REPRO_DIR = Path("/tmp/opinfo_repros")  # the minimal repros KNOWN_ISSUES names, inlined into TABLE_FILE
 # The backend's documented errors (a clean error, not a crash). None is expected with default options.
 CLEAN_ERRORS = ("ConfigError", "FallbackError", "ToolchainUnavailable")
 
@@ -91,10 +93,6 @@ _EPILOGUE = ("a pointwise node that does not read the matmul joins its epilogue 
 KNOWN_ISSUES: dict[str, tuple[str, str, str]] = {
     "logsumexp": ("all", "b", "reduction over dim 0 of a 0-d tensor: lowering/reduction.py normalize_dims keeps "
                   "dim 0 and reduction_spec indexes shape[0] of shape () -> IndexError [logsumexp_0d.py]"),
-    "nn.functional.multilabel_margin_loss": (
-        "float32", "b", "hangs: two kernels break the bitvec dtype rule (torch.where on 0-d int64 operands is a "
-        "bit select on fp32 'col' operands [where_int_scalar.py]) and GraphRunner._recompile_without forces only "
-        "the latest bad kernel to the host, so the two alternate forever [multilabel_margin_loss.py]"),
     "svd_lowrank": ("float32", "b", _EPILOGUE),
     "pca_lowrank": ("float32", "b", _EPILOGUE),
     **{name: ("float32", "c", _EFFECT_TOKENS) for name in (
@@ -174,7 +172,8 @@ def compare(actual: Run, expected: Run, dtype: torch.dtype) -> str | None:
         if len(got) != len(want):
             return f"{part}: {len(got)} values, eager has {len(want)}"
         for index, (a, e) in enumerate(zip(got, want)):
-            if isinstance(e, torch.Tensor) and isinstance(a, torch.Tensor) and (e.is_floating_point() or e.is_complex()):
+            inexact = isinstance(e, torch.Tensor) and (e.is_floating_point() or e.is_complex())
+            if inexact and isinstance(a, torch.Tensor):
                 scale = max(1.0, e.abs().nan_to_num(0, 0, 0).max().item()) if e.numel() else 1.0
                 atol = tolerance["atol"] * scale
             else:
@@ -205,7 +204,7 @@ def _raised_at(exc: BaseException) -> str:
     frame = (ours or frames or [None])[-1]
     if frame is None:
         return ""
-    filename = frame.filename.split("neuron_inductor/", 1)[-1] if "/neuron_inductor/" in frame.filename else frame.filename
+    filename = frame.filename.split("/neuron_inductor/", 1)[-1]  # package-relative when it is ours
     return f"{filename}:{frame.lineno} ({frame.name})"
 
 
@@ -238,7 +237,7 @@ def _placement(programs: list[dict], rule_errors: list[str]) -> dict:
     return {"where": where, "kernels": dict(families), "fallbacks": fallbacks}
 
 
-def check_backend(case: Case, backend: str, expected: Run, dtype: torch.dtype, backward: bool) -> dict:
+def check_backend(case: Case, backend: str | Callable, expected: Run, dtype: torch.dtype, backward: bool) -> dict:
     """Compile and run the case under one backend: {"status", "kind", "detail", ...}."""
     from neuron_inductor import runtime
 
@@ -588,6 +587,51 @@ def skip_table(records: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def _repro_files(cause: str) -> list[str]:
+    """The repro file names a cause cites in brackets ("[a.py, b.py]")."""
+    cited = cause[cause.rfind("[") + 1:cause.rfind("]")] if "[" in cause else ""
+    return [name.strip() for name in cited.split(",") if name.strip().endswith(".py")]
+
+
+def root_causes(records: list[dict]) -> str:
+    """Each known root cause behind this sweep's neuron failures: the ops, the exact error of one of
+    them and the minimal repro (inlined from REPRO_DIR when it is there)."""
+    by_cause: dict[tuple[str, str], list[tuple[str, str, dict]]] = {}
+    for name, dtype, outcome in neuron_failures(records):
+        issue = known_issue(name, dtype)
+        if issue is not None:
+            by_cause.setdefault(issue, []).append((name, dtype, outcome))
+    sections = []
+    for (category, cause), failures in by_cause.items():
+        name, dtype, outcome = failures[0]
+        text = [f"### ({category}) {', '.join(sorted({f[0] for f in failures}))}", cause,
+                f"Exact error ({name}, {dtype}): `{' '.join(outcome['detail'].split())[:300]}`"
+                + (f" at `{outcome['raised_at']}`" if outcome.get("raised_at") else "")]
+        for file in _repro_files(cause):
+            path = REPRO_DIR / file
+            body = path.read_text().strip() if path.exists() else f"(not found under {REPRO_DIR})"
+            text.append(f"`{file}`:\n\n```python\n{body}\n```")
+        sections.append("\n\n".join(text))
+    return "\n\n".join(sections) or "None."
+
+
+def rule_violations(records: list[dict]) -> str:
+    """Kernels of passing ops that broke a hardware rule: the backend recovered by running their ops
+    on the host, but each is a kernel bug (and a missed kernel)."""
+    found: dict[str, set] = {}
+    for record in records:
+        for dtype in DTYPES:
+            row = record.get(dtype, {})
+            if status(row, "neuron") == "pass":
+                for fallback in row["neuron"]["fallbacks"]:
+                    if fallback.startswith("logged error:"):
+                        found.setdefault(fallback.split("rule: ", 1)[-1], set()).add(f"{record['op']} ({dtype})")
+    lines = ["| error logged by the backend | OpInfos |", "|---|---|"]
+    lines += [f"| {message.replace('|', '/')[:200]} | {', '.join(sorted(ops))} |"
+              for message, ops in sorted(found.items())]
+    return "\n".join(lines)
+
+
 def markdown(records: list[dict], seconds: float) -> str:
     definitions = __doc__.split("\n\n", 2)[2].strip()
     return "\n\n".join([
@@ -597,6 +641,8 @@ def markdown(records: list[dict], seconds: float) -> str:
         "## Summary", summary_table(records),
         "## Where neuron passes ran", placement_table(records),
         "## Neuron failures (aot_eager passes)", failures_table(records),
+        "## Root causes", root_causes(records),
+        "## Kernels that broke a hardware rule (recovered on the host)", rule_violations(records),
         "## Host fallbacks among neuron passes", fallback_table(records),
         "## Skips", skip_table(records),
     ]) + "\n"

@@ -51,6 +51,14 @@ def _params():
             yield pytest.param(name, dtype, marks=marks, id=f"{name}-{dtype}")
 
 
+@pytest.fixture(autouse=True, scope="module")
+def fresh_cache(tmp_path_factory):
+    """Compile into an empty cache folder: every check runs the current code, not an earlier entry."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("NEURON_INDUCTOR_CACHE_DIR", str(tmp_path_factory.mktemp("opinfo_cache")))
+        yield
+
+
 @contextlib.contextmanager
 def time_limit(seconds: int):
     """Raise TimeoutError in this thread after `seconds` (a hang in the backend fails one test)."""
