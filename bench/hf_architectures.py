@@ -5,9 +5,11 @@
     python bench/hf_architectures.py --arch llama     # one (repeatable: --arch llama --arch gpt2)
 
 Each architecture gets a shrunk config (hidden 64, 2 layers, 4 heads, 2 KV heads, vocab 512, 4 experts of
-which 2 per token, sliding windows of 16, no dropout), fp32 weights from a fixed seed and one training step
-(batch 2 x 32 tokens, labels = inputs): loss + logits (forward) and every parameter's gradient (backward).
-Each runs in its own process with a time limit, so one crash or hang costs one row.
+which 2 per token, sliding windows of 16, no dropout), fp32 weights from a fixed seed, SDPA attention where
+the architecture has it (else its eager attention), mixture-of-experts layers as batched matmuls
+(`experts_implementation="batched_mm"`), and one training step (batch 2 x 32 tokens, labels = inputs):
+loss + logits (forward) and every parameter's gradient (backward). Each runs in its own process with a
+time limit, so one crash or hang costs one row.
 
 Columns:
 - fwd / bwd: the compiled fp32 step against the same step run eagerly in float64, over the loss and logits
@@ -29,7 +31,6 @@ from __future__ import annotations
 import argparse
 import copy
 import dataclasses
-import io
 import json
 import os
 import statistics
@@ -148,17 +149,20 @@ def tiny_config(model_type: str):
 
 
 def build_model(model_type: str):
+    """The tiny model in training mode: SDPA attention where the architecture has it, else its eager one."""
     from transformers import AutoModelForCausalLM
 
     config = tiny_config(model_type)
-    for attention in ("sdpa", "eager"):  # eager where the architecture has no SDPA path
+
+    def build(attention: str):
         torch.manual_seed(0)
-        try:
-            model = AutoModelForCausalLM.from_config(config, attn_implementation=attention,
-                                                     experts_implementation=EXPERTS_IMPLEMENTATION)
-            break
-        except (ValueError, ImportError):
-            continue
+        return AutoModelForCausalLM.from_config(config, attn_implementation=attention,
+                                                experts_implementation=EXPERTS_IMPLEMENTATION)
+
+    try:
+        model = build("sdpa")
+    except (ValueError, ImportError):  # "does not support an attention implementation through SDPA"
+        model = build("eager")
     return model.float().train()
 
 
@@ -283,8 +287,6 @@ def _graph_breaks() -> Counter:
 
 def run_architecture(model_type: str) -> dict:
     """Eager and compiled training step of one architecture: the row of the table, as a dict."""
-    import neuron_inductor  # noqa: F401  (registers the observe hooks the FLOP count reads)
-
     row = {"arch": model_type, "fwd": "fail", "bwd": "fail", "max_err": None, "nki_share": None,
            "fallbacks": {}, "graph_breaks": 0, "note": ""}
     model = build_model(model_type)
