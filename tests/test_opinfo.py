@@ -3,7 +3,8 @@
 forward; tolerances and outcome definitions in bench/opinfo.py). An op whose aot_eager baseline fails
 is skipped (a Dynamo limit), and so is an op eager cannot run or reproduce.
 
-FAST_OPS run by default; every other op_db entry is marked slow (`--runslow`). Known root causes
+FAST_OPS run by default; every other op_db entry is marked `sweep` and runs with `--sweep` (the
+whole op_db takes as long as bench/opinfo.py, too long for the regular suite). Known root causes
 (`opinfo.KNOWN_ISSUES`, each with a repro in the lead's report) are strict xfails: a fix makes the
 test fail until its entry is removed.
 """
@@ -44,7 +45,7 @@ FAST_OPS = (
 def _params():
     for name in OPS:
         for dtype in opinfo.DTYPES:
-            marks = [] if name in FAST_OPS else [pytest.mark.slow]
+            marks = [] if name in FAST_OPS else [pytest.mark.sweep]
             issue = opinfo.known_issue(name, dtype)
             if issue is not None:
                 marks.append(pytest.mark.xfail(reason=f"({issue[0]}) {issue[1]}", strict=True))
