@@ -39,7 +39,7 @@ from neuron_inductor.toolchain.simulator import SimulatorToolchain
 REPO = Path(__file__).resolve().parents[1]
 SHAPES = 3  # static shapes the child compiles in its "run" phase (bucketing may map some to one key)
 
-# A child process compiling one function at several static shapes (one cache key each). `phase`
+# A child process compiling one function at several static shapes (cache keys). `phase`
 # picks where it stops to be killed: "compile" inside the compile (the key's lock held), "write"
 # after the entry is written to its temp file but before the rename, "loop" never (it compiles
 # ever new shapes until killed), "run" not at all: it compiles SHAPES, runs each twice and prints
@@ -94,19 +94,21 @@ def _run_child(cache_dir: Path, prefix: list[str] = ()) -> tuple[dict, str]:
 
 
 def _kill_child_at(phase: str, cache_dir: Path, marker: Path, extra_delay: float = 0.0) -> None:
-    child = subprocess.Popen([sys.executable, "-c", CHILD, phase, str(marker)], env=_child_env(cache_dir),
-                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    """Start the child, wait until it reaches `phase` (it writes `marker`), wait `extra_delay`, kill -9."""
+    log = marker.with_suffix(".log")  # a file, not a pipe: a chatty child must not block on a full pipe
+    with open(log, "w") as stderr:
+        child = subprocess.Popen([sys.executable, "-c", CHILD, phase, str(marker)], env=_child_env(cache_dir),
+                                 stdout=subprocess.DEVNULL, stderr=stderr)
     try:
         deadline = time.monotonic() + 300
         while not marker.exists():
-            assert child.poll() is None, f"child exited before reaching {phase!r}: {child.stderr.read()[-4000:]}"
+            assert child.poll() is None, f"child exited before reaching {phase!r}: {log.read_text()[-4000:]}"
             assert time.monotonic() < deadline, f"child never reached {phase!r}"
             time.sleep(0.05)
         time.sleep(extra_delay)
     finally:
         child.send_signal(signal.SIGKILL)
         child.wait(timeout=60)
-        child.stderr.close()
     assert child.returncode == -signal.SIGKILL
 
 
