@@ -9,6 +9,7 @@ whose value differs. Misses are also appended to `<cache folder>/recent_misses.j
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 import weakref
@@ -66,14 +67,16 @@ def record_miss(folder: Path | None, miss: dict[str, Any]) -> None:
     if folder is None:
         return
     path = folder / MISSES_FILE
+    temporary = path.with_name(f".{MISSES_FILE}.{time.time_ns()}")
     try:
         lines = path.read_text().splitlines() if path.is_file() else []
         lines = (lines + [json.dumps(miss, default=str)])[-KEEP_MISSES:]
-        temporary = path.with_name(f".{MISSES_FILE}.{time.time_ns()}")
         temporary.write_text("\n".join(lines) + "\n")
         temporary.replace(path)
     except OSError as exc:
         log.debug("neuron_inductor: could not record the cache miss in %s (%s)", path, exc)
+        with contextlib.suppress(OSError):
+            temporary.unlink()  # a full disk leaves a partial file behind
 
 
 def read_misses(folder: Path) -> list[dict[str, Any]]:
