@@ -213,6 +213,7 @@ def test_full_cache_folder_keeps_compiling_and_leaves_no_partial_files(tmp_path)
     assert report["max_error"] < 1e-4
     assert stats["compiles"] > 0 and stats["disk_errors"] == stats["compiles"], stats
     assert _entry_files(report["files"]) == [], report["files"]
+    assert [name for name in report["files"] if os.path.basename(name).startswith(".")] == [], report["files"]
 
 
 class _FullDisk:
