@@ -101,6 +101,15 @@ KNOWN_ISSUES: dict[str, tuple[str, str, str]] = {
     "combinations": ("all", "c", _UNBACKED),
 }
 
+# Root causes of kernels that broke a hardware rule in passing ops (the backend ran their ops on the
+# host instead): the rule as the interpreter names it -> cause.
+RULE_VIOLATION_CAUSES: dict[str, str] = {
+    "bitvec ops need integer dtypes": (
+        "torch.where on 0-d (or broadcast) integer tensors: the pointwise kernel's bit select runs on an "
+        "operand loaded as an fp32 [P, 1] column (lowering/pointwise.py loads every 'col' / scalar operand "
+        "as float32; the interpreter refuses it, hardware would combine float bit patterns) [where_int_scalar.py]"),
+}
+
 
 def known_issue(name: str, dtype: str) -> tuple[str, str] | None:
     """(category, cause) of a known root cause for this op and dtype, if any."""
@@ -593,9 +602,19 @@ def _repro_files(cause: str) -> list[str]:
     return [name.strip() for name in cited.split(",") if name.strip().endswith(".py")]
 
 
+def _cause_section(title: str, cause: str, example: str) -> str:
+    """A root cause: what is wrong, an exact error and the minimal repro (inlined from REPRO_DIR)."""
+    text = [f"### {title}", cause, example]
+    for file in _repro_files(cause):
+        path = REPRO_DIR / file
+        body = path.read_text().strip() if path.exists() else f"(not found under {REPRO_DIR})"
+        text.append(f"`{file}`:\n\n```python\n{body}\n```")
+    return "\n\n".join(text)
+
+
 def root_causes(records: list[dict]) -> str:
     """Each known root cause behind this sweep's neuron failures: the ops, the exact error of one of
-    them and the minimal repro (inlined from REPRO_DIR when it is there)."""
+    them and the minimal repro."""
     by_cause: dict[tuple[str, str], list[tuple[str, str, dict]]] = {}
     for name, dtype, outcome in neuron_failures(records):
         issue = known_issue(name, dtype)
@@ -604,20 +623,16 @@ def root_causes(records: list[dict]) -> str:
     sections = []
     for (category, cause), failures in by_cause.items():
         name, dtype, outcome = failures[0]
-        text = [f"### ({category}) {', '.join(sorted({f[0] for f in failures}))}", cause,
-                f"Exact error ({name}, {dtype}): `{' '.join(outcome['detail'].split())[:300]}`"
-                + (f" at `{outcome['raised_at']}`" if outcome.get("raised_at") else "")]
-        for file in _repro_files(cause):
-            path = REPRO_DIR / file
-            body = path.read_text().strip() if path.exists() else f"(not found under {REPRO_DIR})"
-            text.append(f"`{file}`:\n\n```python\n{body}\n```")
-        sections.append("\n\n".join(text))
+        error = f"Exact error ({name}, {dtype}): `{' '.join(outcome['detail'].split())[:300]}`"
+        if outcome.get("raised_at"):
+            error += f" at `{outcome['raised_at']}`"
+        sections.append(_cause_section(f"({category}) {', '.join(sorted({f[0] for f in failures}))}", cause, error))
     return "\n\n".join(sections) or "None."
 
 
 def rule_violations(records: list[dict]) -> str:
     """Kernels of passing ops that broke a hardware rule: the backend recovered by running their ops
-    on the host, but each is a kernel bug (and a missed kernel)."""
+    on the host, but each is a kernel bug (and a missed kernel). Known causes follow the table."""
     found: dict[str, set] = {}
     for record in records:
         for dtype in DTYPES:
@@ -629,7 +644,12 @@ def rule_violations(records: list[dict]) -> str:
     lines = ["| error logged by the backend | OpInfos |", "|---|---|"]
     lines += [f"| {message.replace('|', '/')[:200]} | {', '.join(sorted(ops))} |"
               for message, ops in sorted(found.items())]
-    return "\n".join(lines)
+    sections = ["\n".join(lines)]
+    for rule, cause in RULE_VIOLATION_CAUSES.items():
+        examples = [message for message in found if rule in message]
+        if examples:
+            sections.append(_cause_section(f"(a) {rule}", cause, f"Exact error: `{examples[0]}`"))
+    return "\n\n".join(sections)
 
 
 def markdown(records: list[dict], seconds: float) -> str:
