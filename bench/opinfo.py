@@ -86,15 +86,7 @@ _UNBACKED = ("a node consuming a tensor of data-dependent size (unbacked SymInt 
              "back visibly [data_dependent_sizes.py]")
 _EFFECT_TOKENS = ("the graph calls higher_order.with_effects(token, aten._linalg_check_errors, ...) (an effect "
                   "token); the host wrapper has no source for a higher-order-op call [linalg_check_errors.py]")
-_EPILOGUE = ("a pointwise node that does not read the matmul joins its epilogue group; "
-             "matmul.lower_matmul_with_epilogue passes the anchor in outputs to pointwise.build_program -> "
-             "KeyError 'mm_12' before its own 'epilogue does not read the matmul' Unsupported check "
-             "[matmul_epilogue_unrelated.py, svd_lowrank.py]")
 KNOWN_ISSUES: dict[str, tuple[str, str, str]] = {
-    "logsumexp": ("all", "b", "reduction over dim 0 of a 0-d tensor: lowering/reduction.py normalize_dims keeps "
-                  "dim 0 and reduction_spec indexes shape[0] of shape () -> IndexError [logsumexp_0d.py]"),
-    "svd_lowrank": ("float32", "b", _EPILOGUE),
-    "pca_lowrank": ("float32", "b", _EPILOGUE),
     **{name: ("float32", "c", _EFFECT_TOKENS) for name in (
         "linalg.cholesky", "linalg.eigvals", "linalg.ldl_factor", "linalg.lu_factor", "linalg.inv", "linalg.solve",
         "linalg.tensorinv", "linalg.tensorsolve")},

@@ -298,6 +298,8 @@ def lower_matmul_with_epilogue(mm_node: fx.Node, epilogue_nodes: list[fx.Node], 
     for node in epilogue_nodes:
         if tuple(val(node).shape) != out_shape:
             raise Unsupported(f"epilogue node {node.name} of shape {tuple(val(node).shape)} on a {out_shape} matmul")
+    if not any(mm_node in node.all_input_nodes for node in epilogue_nodes):
+        raise Unsupported("the epilogue does not read the matmul result")
     program = pointwise.build_program(epilogue_nodes, outputs)
     kinds, loads, matmul_var = {}, [], None
     for index, inp in enumerate(program.inputs):

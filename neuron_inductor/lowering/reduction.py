@@ -150,8 +150,8 @@ def walk_dims(shape, reduced, p_group, f_group, free_limit: int) -> list[Dim]:
 
 def normalize_dims(dims, rank: int) -> set[int]:
     """Reduced dims as a set of non-negative ints; None or [] means every dim."""
-    if dims is None:
-        return set(range(rank))
+    if dims is None or rank == 0:
+        return set(range(rank))  # (a 0-d tensor has no dim to reduce: dim 0 / -1 name the value itself)
     if isinstance(dims, int):
         dims = [dims]
     if len(dims) == 0:
