@@ -19,7 +19,6 @@ import functools
 import itertools
 import os
 
-import numpy as np
 import torch
 
 from . import context, rules
@@ -69,7 +68,7 @@ def simulate(kernel):
 
 
 def run(func, grid, args, kwargs, platform_target=None):
-    numpy_mode = any(isinstance(a, np.ndarray) for a in itertools.chain(args, kwargs.values()))
+    numpy_mode = any(_is_ndarray(a) for a in itertools.chain(args, kwargs.values()))
     args = tuple(_wrap(a) for a in args)
     kwargs = {k: _wrap(v) for k, v in kwargs.items()}
     target = get_target(platform_target)
@@ -111,7 +110,7 @@ def _kernel_threads() -> int:
 def _wrap(value):
     if isinstance(value, torch.Tensor):
         return wrap_hbm(value)
-    if isinstance(value, np.ndarray):
+    if _is_ndarray(value):
         return wrap_hbm(torch.from_numpy(value))
     if isinstance(value, (tuple, list)):
         return type(value)(_wrap(v) for v in value)
@@ -119,6 +118,11 @@ def _wrap(value):
 
 
 _NO_NUMPY = (torch.bfloat16, torch.float8_e4m3fn, torch.float8_e5m2, torch.uint16)
+
+
+def _is_ndarray(value) -> bool:
+    """A NumPy array, checked without importing NumPy (an optional dependency: torch runs without it)."""
+    return type(value).__module__ == "numpy" and type(value).__name__ == "ndarray"
 
 
 def _unwrap(value, numpy_mode):
