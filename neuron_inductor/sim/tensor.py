@@ -75,7 +75,8 @@ _RECYCLE_MAX_ELEMENTS = 1 << 23  # don't hold on to tiles bigger than 32 MiB of 
 
 
 def _recycle(storage: torch.Tensor) -> None:
-    if storage.numel() <= _RECYCLE_MAX_ELEMENTS:
+    # Storage made under torch.inference_mode() cannot be written outside it: not reusable.
+    if storage.numel() <= _RECYCLE_MAX_ELEMENTS and not storage.is_inference():
         bucket = _RECYCLED.setdefault((tuple(storage.shape), storage.dtype), [])
         if len(bucket) < _RECYCLE_PER_KEY:
             bucket.append(storage)
