@@ -9,10 +9,10 @@ import pytest
 
 pytest.importorskip("trl")
 
-from neuron_inductor.integrations.hf import compile_summary, format_compile_summary
-from tests.test_hf_trainer import _assert_curves_agree, fresh_compile_state  # noqa: F401  (fixture)
+from neuron_inductor.integrations.hf import compile_summary, format_compile_summary  # noqa: E402
+from tests.test_hf_trainer import _assert_curves_agree, fresh_compile_state  # noqa: E402,F401  (fixture)
 
-import trl_sft  # examples/ is on sys.path through test_hf_trainer
+import trl_sft  # noqa: E402  (examples/ is on sys.path through test_hf_trainer)
 
 # trl.kernels.ChunkedLogProbFunction calls torch.mm(..., out=<non-contiguous tile>) in a loop.
 TRL_GRAPH_BREAK = "Attempted to call op with non-contiguous `out=` tensor"
