@@ -8,10 +8,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from neuron_inductor.integrations.hf import compile_summary
-from tests.test_hf_trainer import fresh_compile_state  # noqa: F401  (fixture)
+pytest.importorskip("transformers")
 
-import generate  # examples/ is on sys.path through test_hf_trainer
+from neuron_inductor.integrations.hf import compile_summary  # noqa: E402
+from tests.test_hf_trainer import fresh_compile_state  # noqa: E402,F401  (fixture)
+
+import generate  # noqa: E402  (examples/ is on sys.path through test_hf_trainer)
 
 # The documented host fallbacks of the decoding step (examples/generate.py): the KV-cache write
 # `index_put` along the sequence dim (dim 2) and the static cache's 0-d position counter `copy_`.
