@@ -84,12 +84,7 @@ _UNBACKED = ("a node consuming a tensor of data-dependent size (unbacked SymInt 
              "masked_select / nonzero / boolean indexing) goes to its lowering, which calls int() on u0 -> "
              "GuardOnDataDependentSymNode (here copy.lower_cat -> reduction.plan_copy); such nodes should fall "
              "back visibly [data_dependent_sizes.py]")
-_EFFECT_TOKENS = ("the graph calls higher_order.with_effects(token, aten._linalg_check_errors, ...) (an effect "
-                  "token); the host wrapper has no source for a higher-order-op call [linalg_check_errors.py]")
 KNOWN_ISSUES: dict[str, tuple[str, str, str]] = {
-    **{name: ("float32", "c", _EFFECT_TOKENS) for name in (
-        "linalg.cholesky", "linalg.eigvals", "linalg.ldl_factor", "linalg.lu_factor", "linalg.inv", "linalg.solve",
-        "linalg.tensorinv", "linalg.tensorsolve")},
     "combinations": ("all", "c", _UNBACKED),
 }
 

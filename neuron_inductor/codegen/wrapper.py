@@ -51,6 +51,9 @@ def _call_source(node: fx.Node, names: dict[fx.Node, str], namespaces: set[str])
         return f"{args[0]}[{args[1]}]"
     if getattr(target, "__module__", None) in ("_operator", "operator"):
         return f"operator.{target.__name__}({', '.join(args)})"  # host arithmetic on sizes (SymInt checks)
+    if isinstance(target, torch._ops.HigherOrderOperator):  # e.g. with_effects around a linalg check
+        namespaces.add("higher_order")
+        return f"higher_order.{target.__name__}({', '.join(args)})"
     if not isinstance(target, torch._ops.OpOverload):
         raise WrapperError(f"host step {node.format_node()} does not call an ATen op")
     namespace = target.namespace  # aten, prims, ...: each bound to torch.ops.<namespace> in the wrapper
