@@ -417,7 +417,7 @@ def main(argv: list[str] | None = None) -> None:
     print(table)
     print(summary(rows))
     if not args.arch:
-        method = __doc__.split("\n\n", 1)[1].strip()
+        method = __doc__.split("\n\n", 1)[1].rstrip()  # keeps the usage lines' code-block indent
         TABLE_FILE.write_text(f"# Hugging Face architecture coverage\n\n{method}\n\n{table}\n\n{summary(rows)}\n\n"
                               f"## Host fallbacks by reason\n\n{fallback_reasons_table(rows)}\n")
 
