@@ -80,13 +80,7 @@ CLEAN_ERRORS = ("ConfigError", "FallbackError", "ToolchainUnavailable")
 # backend, (c) an unsupported case that should fall back visibly but does not. The minimal repros
 # named in brackets were handed to the lead (/tmp/opinfo_repros/); tests/test_opinfo.py xfails
 # exactly these checks, strictly, so a fix shows up as a test to update.
-_UNBACKED = ("a node consuming a tensor of data-dependent size (unbacked SymInt u0, e.g. the output of "
-             "masked_select / nonzero / boolean indexing) goes to its lowering, which calls int() on u0 -> "
-             "GuardOnDataDependentSymNode (here copy.lower_cat -> reduction.plan_copy); such nodes should fall "
-             "back visibly [data_dependent_sizes.py]")
-KNOWN_ISSUES: dict[str, tuple[str, str, str]] = {
-    "combinations": ("all", "c", _UNBACKED),
-}
+KNOWN_ISSUES: dict[str, tuple[str, str, str]] = {}
 
 # Root causes of kernels that broke a hardware rule in passing ops (the backend ran their ops on the
 # host instead): the rule as the interpreter names it -> cause.

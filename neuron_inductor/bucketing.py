@@ -26,6 +26,7 @@ import sympy
 import torch
 import torch.fx as fx
 from torch.fx.experimental.proxy_tensor import make_fx
+from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
 log = logging.getLogger("neuron_inductor")
 
@@ -128,11 +129,14 @@ def has_symbolic_shapes(example_inputs) -> bool:
 
 
 def bucketed_symbols(example_inputs) -> tuple[sympy.Symbol, ...]:
-    """Symbols that size some input tensor: the lengths that get bucketed (sorted by name)."""
+    """Symbols that size some input tensor: the lengths that get bucketed (sorted by name).
+
+    Data-dependent sizes (unbacked SymInts, e.g. the count of a boolean mask a backward graph
+    receives) stay exact: the ops that read them run on the host, which knows nothing of padding."""
     found: set[sympy.Symbol] = set()
     for value in example_inputs:
         for expr in shape_exprs(value) or ():
-            found |= expr.free_symbols
+            found |= expr.free_symbols - free_unbacked_symbols(expr)
     return tuple(sorted(found, key=str))
 
 

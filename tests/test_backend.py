@@ -150,6 +150,30 @@ def test_fallback_runs_eagerly_and_is_reported(caplog):
     assert "i0" in caplog.text and "runs eagerly on the host" in caplog.text
 
 
+def test_data_dependent_sizes_fall_back_visibly_and_match_eager(caplog, monkeypatch):
+    """Boolean indexing makes a tensor whose size is an unbacked SymInt: ops on it run on the host
+    (named in the log); the static-shaped rest still runs in kernels; values and gradients match."""
+    monkeypatch.setattr(torch._dynamo.config, "capture_dynamic_output_shape_ops", True)
+
+    def f(x, w):
+        selected = x[x > 0]
+        return (selected.exp() * 2).sum() + (w * w).sum()
+
+    x = torch.randn(37, requires_grad=True)
+    w = torch.randn(16, requires_grad=True)
+    with caplog.at_level("WARNING", logger="neuron_inductor"), sim.trace() as recorded:
+        got = torch.compile(f, backend="neuron", fullgraph=True)(x, w)
+        got.backward()
+    expected_x, expected_w = x.detach().clone().requires_grad_(), w.detach().clone().requires_grad_()
+    expected = f(expected_x, expected_w)
+    expected.backward()
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(x.grad, expected_x.grad, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(w.grad, expected_w.grad, rtol=1e-5, atol=1e-5)
+    assert "its size depends on tensor values" in caplog.text
+    assert recorded.instructions, "the static-shaped ops should still run in kernels"
+
+
 def test_kv_cache_input_mutation_runs_in_place():
     cache = torch.zeros(2, 16, 8)
 

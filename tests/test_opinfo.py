@@ -39,6 +39,7 @@ FAST_OPS = (
     "add", "mul", "div.no_rounding_mode", "exp", "rsqrt", "sigmoid", "nn.functional.silu",
     "nn.functional.gelu", "where", "sum", "mean", "amax", "softmax", "log_softmax", "mm", "bmm",
     "nn.functional.linear", "nn.functional.layer_norm", "nn.functional.embedding", "cat",
+    "combinations",  # a data-dependent (unbacked) size
 )
 
 

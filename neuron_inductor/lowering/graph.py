@@ -18,10 +18,11 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.fx as fx
+from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
 from . import matmul, pointwise
 from .ir import HostStep, KernelSpec, KernelStep, Step, Unsupported
-from .registry import FALLBACKS, LOWERINGS, VIEW_OPS, load_lowerings
+from .registry import FALLBACKS, LOWERINGS, SIZE_OPS, VIEW_OPS, load_lowerings
 
 
 class FallbackError(RuntimeError):
@@ -45,6 +46,15 @@ def op_name(node: fx.Node) -> str:
 
 def _is_tensor(node: fx.Node) -> bool:
     return isinstance(node.meta.get("val"), torch.Tensor)
+
+
+def _has_data_dependent_size(node: fx.Node) -> bool:
+    """Whether the node reads or makes a tensor whose size depends on tensor values (an unbacked
+    SymInt, from nonzero / masked_select / boolean indexing): no static kernel can be planned for it."""
+    values = [node.meta.get("val")] + [n.meta.get("val") for n in node.all_input_nodes]
+    flat = [v for value in values for v in (value if isinstance(value, (tuple, list)) else [value])]
+    return any(isinstance(v, torch.Tensor) and free_unbacked_symbols((*v.shape, *v.stride()))
+               for v in flat)
 
 
 def _no_lowering_reason(node: fx.Node) -> str:
@@ -200,6 +210,13 @@ def lower_graph(gm: fx.GraphModule, fallback_mode: str = "warn",
                 flush()
             fall_back(node, force_fallback[node])
             continue
+        if (_is_tensor(node) and node.target not in VIEW_OPS
+                and _has_data_dependent_size(node)):
+            if needs_group(node):
+                flush()
+            fall_back(node, f"{op_name(node)}: its size depends on tensor values (an unbacked SymInt); "
+                            "kernels are planned for static shapes")
+            continue
         if foldable_constant(node):
             continue
         if _is_tensor(node) and pointwise.is_pointwise(node):
@@ -210,7 +227,8 @@ def lower_graph(gm: fx.GraphModule, fallback_mode: str = "warn",
             layouts.run(node)
         if needs_group(node):
             flush()
-        if getattr(node.target, "__module__", None) == "_operator" and not _is_tensor(node):
+        if node.target in SIZE_OPS or (getattr(node.target, "__module__", None) == "_operator"
+                                       and not _is_tensor(node)):
             steps.append(HostStep(node, "scalar"))  # arithmetic / checks on sizes, not tensor math
             continue
         if node.target is operator.getitem or node.target in VIEW_OPS:

@@ -42,6 +42,13 @@ VIEW_OPS = {
     aten.unbind.int, aten.diagonal.default, aten.detach.default, aten.lift_fresh_copy.default,
 }
 
+# Size arithmetic and runtime shape checks (on SymInts, no tensor data): host scalar steps.
+SIZE_OPS = {
+    aten.sym_size.int, aten.sym_stride.int, aten.sym_numel.default, aten.sym_storage_offset.default,
+    aten._assert_scalar.default, aten.sym_constrain_range.default,
+    aten.sym_constrain_range_for_size.default,
+}
+
 # Deliberate eager fallbacks, with the reason reported to the user.
 FALLBACKS: dict[torch._ops.OpOverload, str] = {
     aten.native_dropout.default: "random numbers stay on the host so results follow eager's RNG stream",
