@@ -34,7 +34,7 @@ For each neuron pass the bench records where the op ran: `kernels` (every ATen o
 graphs ran in generated NKI kernels), `kernels+fallback` (some in kernels, some eagerly on the host),
 `fallback` (no kernel; the compute ran on the host), or `views` (the compiled graphs only hold
 views / metadata ops, which run on the host by design: nothing to put in a kernel). A kernel that broke
-a hardware rule on its first run (the backend then re-runs its ops on the host and logs an error)
+a hardware rule when the compiler checked it (the backend then runs its ops on the host and logs an error)
 counts as a fallback and is listed.
 
 Ops run in a pool of worker processes (--workers, default: CPU count); each op has a time limit, and

@@ -243,14 +243,6 @@ class CompileCache:
                 self._write(key, parts, artifact)
         return artifact, extra, "compiled"
 
-    def replace(self, parts: dict, artifact: CompiledArtifact) -> None:
-        """Overwrite an entry (a kernel broke a hardware rule on its first run and was re-lowered)."""
-        key = key_of(parts)
-        self.memory[key] = (parts, artifact)
-        if self.folder is not None:
-            with self._locked(key):
-                self._write(key, parts, artifact)
-
     def entries(self) -> list[dict[str, Any]]:
         """Every entry (memory and disk) with its key parts: what `cache explain` compares against."""
         found = {key: {"key": key, "parts": parts, "where": "memory"} for key, (parts, _) in self.memory.items()}

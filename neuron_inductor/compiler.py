@@ -1,9 +1,10 @@
 """Compile one static ATen graph: lower -> render kernels and wrapper -> toolchain build.
 
 `compile_static_graph` produces a `CompiledArtifact` (plain text and JSON-able metadata, so the
-disk cache can store it), and `Program` loads an artifact into something callable. A kernel that
-breaks a hardware rule on its first run is reported by name and rule; where fallback is allowed the
-graph is lowered again with that kernel's ops on the host.
+disk cache can store it); `compile_and_build` adds the toolchain build and, with the interpreter, runs
+every kernel once on zeros to check the hardware rules before real data reaches it (a kernel that
+breaks one is reported by name and rule; where fallback is allowed the graph is lowered again with
+that kernel's ops on the host). `Program` loads an artifact into something callable.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any, Callable
 
 import torch
@@ -100,57 +102,91 @@ class KernelRuleViolation(RuntimeError):
         self.error = error
 
 
-class _KernelTable:
-    """Kernels by attribute name. A kernel's first call is traced for the cost report and checked
-    for rule violations; later calls go straight to the kernel."""
+def _check_input(node: fx.Node, narrowed: set[fx.Node]) -> torch.Tensor:
+    """A zero tensor shaped like a kernel argument will be at run time."""
+    val = node.meta["val"]
+    dtype = torch.int32 if node in narrowed else val.dtype
+    return torch.zeros([int(s) for s in val.shape], dtype=dtype)
 
-    def __init__(self, kernels: dict[str, Callable], estimates: dict[str, dict], target: str, traced: bool):
-        self._estimates = estimates
-        self._target = target
-        for name, kernel in kernels.items():
-            setattr(self, name, self._first_call(name, kernel) if traced and name not in estimates else kernel)
 
-    def _first_call(self, name: str, kernel: Callable) -> Callable:
-        def call(*args):
-            try:
-                with sim.trace() as recorded:
-                    result = kernel(*args)
-            except sim.NkiError as exc:
-                raise KernelRuleViolation(name, exc) from exc
-            estimate = recorded.estimate(target=self._target)
-            self._estimates[name] = {
-                "seconds": estimate.total_seconds,
-                "engine_seconds": dict(estimate.engine_seconds),
-                "tensor_flops": sum(i.flops for i in recorded.instructions if i.engine == "tensor"),
-                "instructions": len(recorded.instructions),
-                "dma_bytes": sum(i.bytes for i in recorded.instructions if i.engine == "dma"),
-            }
-            setattr(self, name, kernel)
-            return result
+def check_kernels(kernels: dict[str, Callable], lowered: LoweredGraph, target: str) -> dict[str, dict]:
+    """Run every kernel once in the interpreter on zeros of its arguments' shapes and dtypes, before
+    any real data reaches it, as the Neuron compiler checks a kernel when it builds it.
 
-        return call
+    The interpreter enforces the hardware rules (tile and partition limits, buffer capacity,
+    engine dtypes), which depend on shapes and dtypes, not on values. The recorded instructions
+    give each kernel's cost estimate for `target`, returned by kernel name. Raises
+    `KernelRuleViolation` naming the first kernel that breaks a rule.
+    """
+    narrowed = lowered.int32_values()
+    estimates: dict[str, dict] = {}
+    for index, spec in enumerate(lowered.kernels):
+        progress.kernel_step("check", index, len(lowered.kernels), spec.name)
+        args = [_check_input(node, narrowed) for node in spec.inputs]
+        try:
+            with sim.trace(isolated=True) as recorded:
+                kernels[spec.name](*args)
+        except sim.NkiError as exc:
+            raise KernelRuleViolation(spec.name, exc) from exc
+        estimate = recorded.estimate(target=target)
+        estimates[spec.name] = {
+            "seconds": estimate.total_seconds,
+            "engine_seconds": dict(estimate.engine_seconds),
+            "tensor_flops": sum(i.flops for i in recorded.instructions if i.engine == "tensor"),
+            "instructions": len(recorded.instructions),
+            "dma_bytes": sum(i.bytes for i in recorded.instructions if i.engine == "dma"),
+        }
+    return estimates
+
+
+def compile_and_build(gm: fx.GraphModule, fallback_mode: str, toolchain: Toolchain,
+                      target: str) -> tuple[CompiledArtifact, LoweredGraph, dict[str, Callable]]:
+    """Compile a static graph and build its kernels; with the interpreter, check them first.
+
+    A kernel that breaks a hardware rule is reported by name and rule; where fallback is allowed the
+    graph is lowered again with that kernel's ops on the host (and checked again), so no user data
+    ever reaches a kernel that breaks a rule. With fallback 'error' the violation is raised.
+    """
+    force: dict[fx.Node, str] = {}
+    while True:
+        artifact, lowered = compile_static_graph(gm, fallback_mode, force)
+        start = time.perf_counter()
+        kernels = toolchain.build(artifact.kernel_sources)
+        artifact.meta["timings"]["compile"] = time.perf_counter() - start
+        if toolchain.name != "simulator":  # the Neuron compiler checked the rules while building
+            return artifact, lowered, kernels
+        start = time.perf_counter()
+        try:
+            artifact.meta["estimates"] = check_kernels(kernels, lowered, target)
+        except KernelRuleViolation as violation:
+            if fallback_mode == "error":
+                raise
+            log.error("neuron_inductor: %s; its ops run eagerly on the host instead", violation)
+            spec = next(s for s in lowered.kernels if s.name == violation.kernel)
+            reason = f"generated kernel {violation.kernel} broke a hardware rule: {violation.error}"
+            force.update({node: reason for node in _kernel_nodes(spec)})
+            continue
+        artifact.meta["timings"]["check"] = time.perf_counter() - start
+        return artifact, lowered, kernels
 
 
 class Program:
-    """A loaded artifact: call with the graph's (static-shape) inputs, get its outputs."""
+    """A loaded artifact: call with the graph's (static-shape) inputs, get its outputs.
+
+    `kernels` are the artifact's kernels when the caller has just built them (a fresh compile);
+    otherwise (a cache hit) the toolchain builds them from the stored source."""
 
     def __init__(self, artifact: CompiledArtifact, toolchain: Toolchain, constants: dict[str, torch.Tensor],
-                 target: str) -> None:
+                 kernels: dict[str, Callable] | None = None) -> None:
         self.artifact = artifact
-        start = time.perf_counter()  # the 'compile' stage of the compile log (observe/)
-        kernels = toolchain.build(artifact.kernel_sources)
-        artifact.meta.setdefault("timings", {})["compile"] = time.perf_counter() - start
-        estimates = artifact.meta.setdefault("estimates", {})
-        self.kernels = _KernelTable(kernels, estimates, target, traced=toolchain.name == "simulator")
+        if kernels is None:
+            kernels = toolchain.build(artifact.kernel_sources)
+        # Kernels by attribute name: the wrapper calls `kernels.<name>(...)` (observers may wrap them).
+        self.kernels = SimpleNamespace(**kernels)
         namespace: dict[str, Any] = {}
         exec(compile(artifact.wrapper_source, "<neuron_inductor wrapper>", "exec"), namespace)
         self._run = namespace["run"]
         self._constants = {name: constants[name] for name in artifact.constants}
-
-    @property
-    def validated(self) -> bool:
-        """True once every kernel has run once without breaking a rule."""
-        return set(self.artifact.meta["estimates"]) >= set(self.artifact.kernel_sources)
 
     def __call__(self, args: list) -> Any:
         return self._run(list(args), self.kernels, self._constants)

@@ -31,7 +31,7 @@ import torch.fx as fx
 from . import bucketing, generalize, observe
 from .bucketing import Bucket, BucketPolicy, evaluate, shape_exprs, size_expr
 from .cache import base_key_parts, get_cache
-from .compiler import CompiledArtifact, KernelRuleViolation, Program, compile_static_graph, _kernel_nodes
+from .compiler import CompiledArtifact, Program, compile_and_build
 from .config import NeuronConfig
 from .passes.pad_safety import PadSafeRewrite
 from .toolchain import select_toolchain
@@ -208,11 +208,12 @@ class GraphRunner:
     def _static_gm(self, plan: CallPlan, inputs: list) -> fx.GraphModule:
         return bucketing.specialize(self.graph_for(plan), inputs) if plan.bucket is not None else self.gm
 
-    def _load_program(self, artifact: CompiledArtifact, static_gm: fx.GraphModule | None) -> Program:
+    def _load_program(self, artifact: CompiledArtifact, static_gm: fx.GraphModule | None,
+                      kernels: dict | None = None) -> Program:
         constants = {}
         if artifact.constants:
             constants = {name: getattr(static_gm, name) for name in artifact.constants}
-        program = Program(artifact, self.toolchain, constants, self.config.target)
+        program = Program(artifact, self.toolchain, constants, kernels)
         program.static_gm = static_gm
         program.lowered = None
         return program
@@ -221,9 +222,10 @@ class GraphRunner:
         start = time.perf_counter()
         static_gm = self._static_gm(plan, inputs)
         bucket_seconds = time.perf_counter() - start  # the 'bucket' stage of the compile log (observe/)
-        artifact, lowered = compile_static_graph(static_gm, self.config.fallback)
+        artifact, lowered, kernels = compile_and_build(static_gm, self.config.fallback, self.toolchain,
+                                                       self.config.target)
         artifact.meta["timings"]["bucket"] = bucket_seconds
-        program = self._load_program(artifact, static_gm)
+        program = self._load_program(artifact, static_gm, kernels)
         program.lowered = lowered
         artifact.meta["compile_seconds"] = time.perf_counter() - start
         artifact.meta["bucket"] = plan.label
@@ -251,38 +253,6 @@ class GraphRunner:
             for fallback in artifact.meta["fallbacks"]:
                 log.warning("neuron_inductor: %s runs eagerly on the host (%s)", fallback["op"], fallback["reason"])
 
-    def _recompile_without(self, program: Program, violation: KernelRuleViolation, plan: CallPlan,
-                           inputs: list) -> Program:
-        """A kernel broke a hardware rule: run its ops on the host instead (or raise in error mode)."""
-        if self.config.fallback == "error":
-            raise violation
-        log.error("neuron_inductor: %s; its ops run eagerly on the host instead", violation)
-        static_gm = program.static_gm if program.static_gm is not None else self._static_gm(plan, inputs)
-        # Ops of kernels that broke a rule before stay on the host (by node name: cache entries keep them).
-        nodes = {node.name: node for node in static_gm.graph.nodes}
-        force = {nodes[name]: why for name, why in program.artifact.meta.get("forced_fallbacks", {}).items()}
-        lowered = program.lowered
-        if lowered is None:  # loaded from the cache: lower again, as it was, to find the kernel's nodes
-            _, lowered = compile_static_graph(static_gm, self.config.fallback, force)
-        spec = next(s for s in lowered.kernels if s.name == violation.kernel)
-        reason = f"generated kernel {violation.kernel} broke a hardware rule: {violation.error}"
-        force.update({node: reason for node in _kernel_nodes(spec)})
-        artifact, lowered = compile_static_graph(static_gm, self.config.fallback, force)
-        artifact.meta["bucket"] = plan.label
-        artifact.meta["forced_fallbacks"] = {node.name: why for node, why in force.items()}
-        fixed = self._load_program(artifact, static_gm)
-        fixed.lowered = lowered
-        get_cache(self.config.cache_dir).replace(self.key_parts(plan), artifact)
-        return fixed
-
-    def _mutated_inputs_while_unchecked(self, program: Program, inputs: list) -> dict[int, torch.Tensor]:
-        """Copies of the inputs the graph writes into, while some kernel has not had its checked first
-        call: a rule violation stops a run after earlier kernels may have written them, and the
-        re-lowered program must start from the old values."""
-        if program.validated or self.toolchain.name != "simulator":  # only the interpreter checks rules
-            return {}
-        return {index: inputs[index].clone() for index in self.mutated_inputs}
-
     # -- calling -----------------------------------------------------------------------------
 
     def __call__(self, args: list) -> Any:
@@ -293,16 +263,6 @@ class GraphRunner:
         program = self.program_for(plan, inputs, args)
 
         def execute() -> list:
-            nonlocal program
-            while True:
-                before = self._mutated_inputs_while_unchecked(program, inputs)
-                try:
-                    outputs = program(inputs)
-                    break
-                except KernelRuleViolation as violation:
-                    for index, value in before.items():
-                        inputs[index].copy_(value)
-                    program = self.programs[plan.signature] = self._recompile_without(program, violation, plan, inputs)
-            return self.finish(plan, outputs, args, inputs)
+            return self.finish(plan, program(inputs), args, inputs)
 
         return observe.on_run(self, program, args, execute)

@@ -382,32 +382,23 @@ def test_two_kernels_breaking_rules_both_end_up_on_the_host(fresh_process, break
     assert meta["kernels"] == [] and len(meta["fallbacks"]) >= 3  # softmax, mul, add
 
 
-def test_second_violation_in_a_program_loaded_from_the_cache(fresh_process, break_kernels):
-    """The cached entry of a re-lowered graph keeps its host ops; a later violation re-lowers it as it was."""
-    x, w = torch.randn(4, 33), torch.randn(33)
-    break_kernels("softmax")
-    torch.compile(_softmax_scale, backend="neuron")(x, w)
-    torch._dynamo.reset()
-    cache_module._caches.clear()
-    break_kernels("pointwise")  # the cached k0_pointwise now breaks a rule too
-    with config.patch(cache_dir=str(fresh_process), fallback="allow"):
-        got = torch.compile(_softmax_scale, backend="neuron")(x, w)
-    torch.testing.assert_close(got, _softmax_scale(x, w), rtol=1e-5, atol=1e-6)
-    assert cache_stats()["disk_hits"] == 1
-    (entry,) = CompileCache(fresh_process).entries()
-    assert CompileCache(fresh_process).load(entry["key"]).meta["kernels"] == []
-
-
-def test_rule_violation_after_an_input_was_written_does_not_apply_the_update_twice(fresh_process, break_kernels):
-    """Kernels are checked on their first real call: a violation can come after an earlier kernel of the
-    same graph already wrote into a mutated input. The re-lowered graph must start from the old value."""
+def test_rule_violation_is_caught_before_any_kernel_touches_user_data(fresh_process, break_kernels):
+    """Kernels are checked at compile time on zeros: a violation raises (error mode) before the
+    graph's first kernel wrote into a mutated input, and the re-lowered graph applies each update once."""
     def update(a, b):
         a.add_(1)
         b.mul_(2)
         return a.sum() + b.sum()
 
-    break_kernels("copy")  # the copy into `a` runs (and writes) before it reaches the broken allocation
+    break_kernels("copy")  # the copy into `a` would run (and write) before its broken allocation
     a, b = torch.zeros(4, 8), torch.ones(4, 8)
+    with config.patch(fallback="error"):
+        with pytest.raises(KernelRuleViolation, match=rf"generated kernel k\d+_copy breaks a hardware rule"):
+            torch.compile(update, backend="neuron")(a, b)
+    torch.testing.assert_close(a, torch.zeros(4, 8))
+    torch.testing.assert_close(b, torch.ones(4, 8))
+
+    torch._dynamo.reset()
     out = torch.compile(update, backend="neuron")(a, b)
     torch.testing.assert_close(a, torch.ones(4, 8))
     torch.testing.assert_close(b, torch.full((4, 8), 2.0))

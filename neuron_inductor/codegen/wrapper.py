@@ -72,10 +72,10 @@ def render_wrapper(gm: fx.GraphModule, lowered: LoweredGraph, name: str = "run")
     namespaces: set[str] = set()
     # int64 values computed by kernels are int32 tensors (NKI has no 64-bit integers): widen them
     # where they reach host fallbacks or the graph's outputs.
-    narrowed: set[fx.Node] = set()
+    narrowed = lowered.int32_values()
 
     def host_names() -> dict[fx.Node, str]:
-        return {**names, **{node: f"{names[node]}.long()" for node in narrowed}}
+        return {**names, **{node: f"{names[node]}.long()" for node in narrowed if node in names}}
 
     def value_name(node: fx.Node) -> str:
         names.setdefault(node, f"buf{len(names) - len(placeholders)}")
@@ -89,7 +89,6 @@ def render_wrapper(gm: fx.GraphModule, lowered: LoweredGraph, name: str = "run")
             for pos, inp in spec.inplace.items():
                 names[spec.outputs[pos]] = names[spec.inputs[inp]]
             targets = [value_name(o) if isinstance(o, fx.Node) else "_" for o in returned]
-            narrowed.update(o for o in returned if isinstance(o, fx.Node) and o.meta["val"].dtype == torch.int64)
             if not targets:
                 lines.append(call)
             elif len(targets) == 1:
@@ -106,8 +105,6 @@ def render_wrapper(gm: fx.GraphModule, lowered: LoweredGraph, name: str = "run")
                 lines.append(f"{value_name(node)} = {_call_source(node, names, namespaces)}  # host: size arithmetic")
             elif step.kind == "view":
                 lines.append(f"{value_name(node)} = {_call_source(node, names, namespaces)}  # view: no data moves")
-                if any(inp in narrowed for inp in node.all_input_nodes):
-                    narrowed.add(node)
             else:
                 reason = " ".join(step.reason.split())
                 lines.append(f"{value_name(node)} = {_call_source(node, host_names(), namespaces)}  # fallback: {reason}")

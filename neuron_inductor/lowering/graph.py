@@ -38,6 +38,20 @@ class LoweredGraph:
     def kernels(self) -> list[KernelSpec]:
         return [step.spec for step in self.steps if isinstance(step, KernelStep)]
 
+    def int32_values(self) -> set[fx.Node]:
+        """int64 graph values that exist as int32 tensors at run time: NKI has no 64-bit integers, so
+        kernels write int64 results as int32 (and views of those stay int32)."""
+        narrowed: set[fx.Node] = set()
+        for step in self.steps:
+            if isinstance(step, KernelStep):
+                spec = step.spec
+                narrowed.update(out for pos, out in enumerate(spec.outputs)
+                                if pos not in spec.inplace and isinstance(out, fx.Node)
+                                and out.meta["val"].dtype == torch.int64)
+            elif step.kind == "view" and any(inp in narrowed for inp in step.node.all_input_nodes):
+                narrowed.add(step.node)
+        return narrowed
+
 
 def op_name(node: fx.Node) -> str:
     target = node.target

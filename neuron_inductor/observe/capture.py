@@ -27,9 +27,7 @@ class _FirstCall:
     def __call__(self, *args):
         states = [o.before(self.name, self.position, self.count, args) for o in self.observers]
         result = self.inner(*args)
-        # The inner entry may have replaced itself (the traced first call does); restore it otherwise.
-        if getattr(self.table, self.name) is self:
-            setattr(self.table, self.name, self.inner)
+        setattr(self.table, self.name, self.inner)
         for observer, state in zip(self.observers, states):
             observer.after(self.name, state, result)
         return result

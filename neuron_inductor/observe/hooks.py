@@ -254,7 +254,7 @@ def _start_first_run(runner: Any, program: Any, bucket: session.CompiledBucket,
 def _finish_first_run(runner: Any, program: Any, bucket: session.CompiledBucket, args: list, outputs: Any,
                       seconds: float, reference: verify.Reference | None) -> None:
     bucket.artifact.meta.setdefault("timings", {})["first_run"] = seconds
-    log.debug("neuron_inductor: %s first run (kernels traced) in %.3fs", bucket.label, seconds)
+    log.debug("neuron_inductor: %s first run in %.3fs", bucket.label, seconds)
     try:
         if reference is not None:
             listed = list(outputs) if isinstance(outputs, (tuple, list)) else [outputs]

@@ -2,9 +2,9 @@
 
 When stderr is not a terminal (CI, pipes, log files) nothing is printed. On a terminal the line
 appears only once a compile has taken longer than `DELAY_SECONDS`, so quick compiles stay quiet,
-and it is erased when the compile finishes. Two places feed it: the compiler's render loop
-(`kernel_step`, the line of the compile in progress) and a bucket's first run (`KernelProgress`,
-each kernel's first, traced call).
+and it is erased when the compile finishes. Two places feed it: the compiler's render and check
+loops (`kernel_step`, the line of the compile in progress) and a bucket's first run
+(`KernelProgress`, each kernel's first call).
 """
 
 from __future__ import annotations

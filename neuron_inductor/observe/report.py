@@ -55,7 +55,7 @@ def summarize(bucket: session.CompiledBucket) -> dict[str, Any]:
         "flops": {"kernels": kernel_flops, "fallbacks": fallback_flops,
                   "kernel_share": _share(kernel_flops, fallback_flops)},
         "padding": bucket.padding,
-        # Kernels only: host fallbacks have no device estimate. None until the bucket's first run.
+        # Kernels only: host fallbacks have no device estimate (nor has the real toolchain).
         "target": bucket.target,
         "estimated_seconds": sum(ran) if len(ran) == len(kernels) and kernels else (0.0 if not kernels else None),
         "timings": {**meta.get("timings", {}), "total": meta.get("compile_seconds")},

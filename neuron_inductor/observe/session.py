@@ -51,7 +51,7 @@ class CompiledBucket:
     aot: AotGraph
     index: int  # order of compilation within its AotGraph
     signature: str
-    artifact: Any  # compiler.CompiledArtifact; its meta["estimates"] fills in on the first run
+    artifact: Any  # compiler.CompiledArtifact (meta["estimates"] come from the compile-time kernel check)
     padding: dict[str, float] | None
     target: str  # hardware generation the estimates are for (config option `target`)
     folder: Path | None = None

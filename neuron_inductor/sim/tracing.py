@@ -81,10 +81,15 @@ def record(engine, op, flops, nbytes, free_size, partitions, operands):
 class Trace:
     """Instructions recorded while active (a context manager); traces combine with `+`."""
 
-    def __init__(self, instructions=None):
+    def __init__(self, instructions=None, isolated: bool = False):
         self.instructions = list(instructions or ())
+        self._isolated = isolated
+        self._hidden: list[Trace] = []  # the enclosing traces an isolated trace keeps from recording
 
     def __enter__(self) -> Trace:
+        if self._isolated:
+            self._hidden = ACTIVE[:]
+            ACTIVE.clear()
         ACTIVE.append(self)
         return self
 
@@ -93,6 +98,9 @@ class Trace:
             if ACTIVE[i] is self:
                 del ACTIVE[i]
                 break
+        if self._isolated:
+            ACTIVE[:0] = self._hidden
+            self._hidden = []
         return False
 
     def __add__(self, other: Trace) -> Trace:
@@ -118,5 +126,7 @@ class Trace:
         return "\n".join(lines + [repr(self.estimate(target))])
 
 
-def trace() -> Trace:
-    return Trace()
+def trace(isolated: bool = False) -> Trace:
+    """Record the instructions run inside the `with` block. An isolated trace hides them from the
+    traces around it (the compiler's own check runs must not count as the user's work)."""
+    return Trace(isolated=isolated)

@@ -90,6 +90,17 @@ def test_no_trace_no_records_and_nesting():
             assert all(isinstance(v, (str, tuple)) for v in operand)
 
 
+def test_isolated_trace_hides_its_instructions_from_enclosing_traces():
+    with sim.trace() as outer:
+        with sim.trace(isolated=True) as isolated:
+            every_engine(torch.randn(128, 64).bfloat16(), torch.zeros(128, 64, dtype=torch.int64))
+            assert ACTIVE == [isolated]
+        assert ACTIVE == [outer]
+        every_engine(torch.randn(128, 64).bfloat16(), torch.zeros(128, 64, dtype=torch.int64))
+    assert not ACTIVE
+    assert len(isolated) == 16 and len(outer) == 16
+
+
 def one(op, engine, free_size, operands):
     return sim.Instruction(engine, op, 0, 0, free_size, 128,
                            tuple(Operand("x", (128, free_size), d, "sbuf") for d in operands),
