@@ -174,6 +174,24 @@ def test_data_dependent_sizes_fall_back_visibly_and_match_eager(caplog, monkeypa
     assert recorded.instructions, "the static-shaped ops should still run in kernels"
 
 
+def test_allocations_are_host_steps_not_fallbacks():
+    """An uninitialised buffer (`new_empty`) is reserved by the host wrapper: no math, no fallback."""
+    from neuron_inductor import runtime
+
+    def f(x):
+        buf = x.new_empty((x.shape[0], 2 * x.shape[1]))
+        buf[:, ::2] = x.sin()
+        buf[:, 1::2] = x.cos()
+        return buf * 2
+
+    x = torch.randn(5, 7)
+    first = len(runtime.COMPILED_PROGRAMS)
+    torch.testing.assert_close(torch.compile(f, backend="neuron")(x), f(x), rtol=1e-5, atol=1e-6)
+    (program,) = runtime.COMPILED_PROGRAMS[first:]
+    assert "# allocation: no data moves" in program["artifact"].wrapper_source
+    assert not any("empty" in fallback["op"] for fallback in program["artifact"].meta["fallbacks"])
+
+
 def test_kv_cache_input_mutation_runs_in_place():
     cache = torch.zeros(2, 16, 8)
 

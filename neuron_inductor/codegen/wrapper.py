@@ -103,6 +103,8 @@ def render_wrapper(gm: fx.GraphModule, lowered: LoweredGraph, name: str = "run")
                 lines.append(f"{value_name(node)} = constants[{node.target!r}]")
             elif step.kind == "scalar":
                 lines.append(f"{value_name(node)} = {_call_source(node, names, namespaces)}  # host: size arithmetic")
+            elif step.kind == "alloc":
+                lines.append(f"{value_name(node)} = {_call_source(node, names, namespaces)}  # allocation: no data moves")
             elif step.kind == "view":
                 lines.append(f"{value_name(node)} = {_call_source(node, names, namespaces)}  # view: no data moves")
             else:

@@ -22,7 +22,7 @@ from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
 from . import matmul, pointwise
 from .ir import HostStep, KernelSpec, KernelStep, Step, Unsupported
-from .registry import FALLBACKS, LOWERINGS, SIZE_OPS, VIEW_OPS, load_lowerings
+from .registry import ALLOCATIONS, FALLBACKS, LOWERINGS, SIZE_OPS, VIEW_OPS, load_lowerings
 
 
 class FallbackError(RuntimeError):
@@ -244,6 +244,10 @@ def lower_graph(gm: fx.GraphModule, fallback_mode: str = "warn",
         if node.target in SIZE_OPS or (getattr(node.target, "__module__", None) == "_operator"
                                        and not _is_tensor(node)):
             steps.append(HostStep(node, "scalar"))  # arithmetic / checks on sizes, not tensor math
+            continue
+        if node.target in ALLOCATIONS:
+            steps.append(HostStep(node, "alloc"))
+            layouts.set_from_value(node, contiguous=False)
             continue
         if node.target is operator.getitem or node.target in VIEW_OPS:
             steps.append(HostStep(node, "view"))

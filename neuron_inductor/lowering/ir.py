@@ -3,8 +3,9 @@
 A lowered graph is a list of steps executed in order by the host wrapper:
 - `KernelStep`: one generated NKI kernel (rendered from a template family) computing some graph
   values from others;
-- `HostStep`: an ATen call run on the host, either a *view* (metadata only: view, permute,
-  expand, slice, ...; no data moves, kernels read through the strides) or a *fallback* (an op
+- `HostStep`: an ATen call run on the host: a *view* (metadata only: view, permute, expand,
+  slice, ...; no data moves, kernels read through the strides), an *alloc* (an uninitialised
+  buffer), a *scalar* (arithmetic and checks on sizes), a *constant*, or a *fallback* (an op
   without a lowering, run eagerly and reported).
 """
 
@@ -53,7 +54,7 @@ class KernelStep:
 @dataclass
 class HostStep:
     node: fx.Node
-    kind: str  # "view" | "fallback" | "constant" | "scalar" (Python arithmetic on sizes)
+    kind: str  # "view" | "alloc" | "fallback" | "constant" | "scalar" (Python arithmetic on sizes)
     reason: str = ""
 
 

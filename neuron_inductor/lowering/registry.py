@@ -42,6 +42,12 @@ VIEW_OPS = {
     aten.unbind.int, aten.diagonal.default, aten.detach.default, aten.lift_fresh_copy.default,
 }
 
+# Allocations of uninitialised memory: the host runtime reserves the buffer; no data moves, no math.
+ALLOCATIONS = {
+    aten.empty.memory_format, aten.empty_permuted.default, aten.empty_strided.default,
+    aten.new_empty.default, aten.new_empty_strided.default,
+}
+
 # Size arithmetic and runtime shape checks (on SymInts, no tensor data): host scalar steps.
 SIZE_OPS = {
     aten.sym_size.int, aten.sym_stride.int, aten.sym_numel.default, aten.sym_storage_offset.default,
