@@ -4,7 +4,10 @@ Each kernel family has one template, `codegen_templates/<family>.py.j2`. A templ
 - `kernel_name`: the function name to define;
 - `inputs` / `outputs`: lists of `TensorArg` (name, shape, dtype as an `nl.` expression, ...);
 - every key of the KernelSpec's `params`;
-- helpers: `nl_dtype(torch_dtype_name)`, `cdiv(a, b)`, `tiles(extent, size)`, `prod(seq)`.
+- helpers: `nl_dtype(torch_dtype_name)`, `cdiv(a, b)`, `tiles(extent, size)`, `prod(seq)`, and `inf`
+  (Jinja folds `"inf" | float` at compile time into an undefined name, so infinities come from here);
+- the filter `literal`: every number a template writes from its params goes through it
+  (`{{ value | literal }}`), so that +-inf / NaN come out as `float('-inf')`, not a bare name.
 Shared macros live in `codegen_templates/_*.py.j2` files and are imported by family templates.
 Rendering is strict (undefined names raise) and deterministic: the same spec renders
 byte-identical source, which keys the kernel cache.
@@ -87,6 +90,20 @@ class TensorArg:
         return math.prod(self.shape)
 
 
+def literal(value: bool | int | float) -> str:
+    """Python source of a number param. repr() writes non-finite floats as bare `inf` / `nan`,
+    undefined names in a kernel; `float('-inf')` is plain Python that real NKI evaluates at trace time."""
+    if not isinstance(value, (bool, int, float)):
+        raise TemplateError(f"{value!r} of type {type(value).__name__} is not a Python number")
+    if isinstance(value, float) and not math.isfinite(value):
+        return f"float('{value}')"
+    return repr(value)
+
+
+# Names that only appear in rendered source when a non-finite float skipped the `literal` filter.
+_NON_FINITE_NAMES = frozenset({"inf", "nan"})
+
+
 def tensor_arg(name: str, value: fx.Node | torch.Tensor) -> TensorArg:
     val = value.meta["val"] if isinstance(value, fx.Node) else value
     return TensorArg(name, tuple(int(s) for s in val.shape), val.dtype)
@@ -114,7 +131,9 @@ def environment() -> jinja2.Environment:
         prod=math.prod,
         min=min,
         max=max,
+        inf=math.inf,
     )
+    env.filters["literal"] = literal
     return env
 
 
@@ -149,9 +168,13 @@ def render_template(family: str, kernel_name: str, inputs: list[TensorArg], outp
     except jinja2.TemplateError as exc:
         raise TemplateError(f"template {family}.py.j2 failed to render {kernel_name}: {exc}") from exc
     try:
-        ast.parse(source, filename=f"{kernel_name}.py")
+        tree = ast.parse(source, filename=f"{kernel_name}.py")
     except SyntaxError as exc:
         raise TemplateError(f"template {family}.py.j2 rendered invalid Python for {kernel_name}: {exc}") from exc
+    bare = sorted({node.id for node in ast.walk(tree) if isinstance(node, ast.Name) and node.id in _NON_FINITE_NAMES})
+    if bare:
+        raise TemplateError(f"template {family}.py.j2 wrote a non-finite float as the bare name(s) {bare} for "
+                            f"{kernel_name}: render numbers with the `literal` filter")
     return source
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import operator
+import struct
 
 import torch
 import torch.fx as fx
@@ -39,3 +40,8 @@ def result_values(node: fx.Node) -> list:
     of a result nobody reads; results it does not produce (None, from an output mask) are left out."""
     getitems = {user.args[1]: user for user in node.users if user.target is operator.getitem}
     return [getitems.get(i, value) for i, value in enumerate(val(node)) if value is not None]
+
+
+def float32_bits(value: float) -> int:
+    """The fp32 bit pattern of `value` as a signed int32 (what kernels select with bit masks)."""
+    return struct.unpack("<i", struct.pack("<f", value))[0]

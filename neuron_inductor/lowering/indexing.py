@@ -14,8 +14,11 @@ returns zeros and a scatter drops the row (PyTorch raises); negative ids are not
 Lane ops (`mode` "lane_gather" / "lane_scatter"): gather / scatter.value / scatter.src /
 scatter_add along the last dim with an index of the same leading shape (cross-entropy's
 `gather(log_probs, -1, target[:, None])` and its backward's `scatter.value`). Rows sit on
-partitions; each index column becomes a mask `iota == index` over the free axis. A gathered
-value is sum(mask * x), so a non-finite value elsewhere in the row poisons it (NaN).
+partitions; each index column becomes an int32 lane mask (all ones where `iota == index`) over
+the free axis, and values move as their fp32 bits under it: a gather sums x's masked bits (the
+indexed lane's value plus +0.0s), a scatter bit-selects the new value into its lanes. Infinities
+and NaN therefore land exactly where eager puts them and never spread along the row (0 * inf
+never happens). A gathered -0.0 may come back as +0.0.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from __future__ import annotations
 import torch
 import torch.fx as fx
 
-from .common import arg, val
+from .common import arg, float32_bits, val
 from .ir import KernelSpec, Unsupported
 from .reduction import EXACT_INT_LIMIT, FREE_MAX, PSUM_FMAX, walk_dims
 from .registry import register_lowering
@@ -134,8 +137,11 @@ def _lane_spec(node: fx.Node, mode: str, x: fx.Node, dim, index: fx.Node, src=No
         "dims": _token_dims(xv.shape[:-1], width, LANE_FMAX),
         "index_width": int(iv.shape[-1]),
         "reduce": reduce,
-        "value": None if value is None else float(value),
     }
+    if value is not None:
+        # eager casts the value to x's dtype; the kernel places that value's fp32 bits
+        params["value"] = float(value)
+        params["value_bits"] = float32_bits(torch.tensor(float(value), dtype=xv.dtype).item())
     inputs = [x, index] + ([src] if isinstance(src, fx.Node) else [])
     return KernelSpec("gather_scatter", params, inputs, [node], flops=xv.numel() * int(iv.shape[-1]))
 

@@ -44,14 +44,13 @@ from __future__ import annotations
 
 import math
 import operator
-import struct
 from dataclasses import dataclass
 from typing import Callable, Union
 
 import torch
 import torch.fx as fx
 
-from .common import bind_arguments
+from .common import bind_arguments, float32_bits
 from .ir import KernelSpec
 
 aten = torch.ops.aten
@@ -165,11 +164,6 @@ def _fold_unary(func: str, value: float) -> float:
 TWO_PI_HI = 6.28125              # 2 pi split for Cody-Waite reduction: k * TWO_PI_HI is exact in fp32
 TWO_PI_LO = 2 * math.pi - TWO_PI_HI
 ROUND_CLAMP = float(2 ** 30)     # |x| beyond this is an integer already; keeps the int32 cast in range
-
-
-def _float_bits(value: float) -> int:
-    """The fp32 bit pattern of `value` as a signed int32."""
-    return struct.unpack("<i", struct.pack("<f", value))[0]
 
 
 class ProgramBuilder:
@@ -286,8 +280,8 @@ class ProgramBuilder:
             return a
         if self.node_dtype == "float32":
             a, b = self.as_float32(a), self.as_float32(b)
-            a_bits = _float_bits(a) if _is_imm(a) else a
-            b_bits = _float_bits(b) if _is_imm(b) else b
+            a_bits = float32_bits(a) if _is_imm(a) else a
+            b_bits = float32_bits(b) if _is_imm(b) else b
         else:
             a, b = self.cast(a, "int32"), self.cast(b, "int32")
             a_bits, b_bits = a, b
@@ -718,13 +712,6 @@ _NL_DTYPE = {"float32": "nl.float32", "bfloat16": "nl.bfloat16", "float16": "nl.
 _BITVEC = {"bitwise_and", "bitwise_or", "bitwise_xor"}
 
 
-def _literal(value) -> str:
-    """Python source of an immediate."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return f"float('{value}')"
-    return repr(value)
-
-
 @dataclass
 class ResolvedProgram:
     """Instructions (plain dicts for `_pointwise_ops.py.j2`) and the tile each result is stored from.
@@ -732,8 +719,9 @@ class ResolvedProgram:
     Each instruction dict has `op` (the nisa call: activation, tensor_scalar, tensor_tensor,
     scalar_tensor_tensor, reciprocal, tensor_copy, iota, memset), `dst` (an operand),
     `alloc` (dtype expression when dst is a fresh tile, else None), `col` (dst is [P, 1]) and the
-    op's fields; operands are dicts {var, col, hoisted, bits} or {imm}. `stores[i]` is the
-    operand holding result i in its store dtype, for every result.
+    op's fields; operands are dicts {var, col, hoisted, bits} or {imm} (a Python number, written out
+    by the templates' `literal` filter). `stores[i]` is the operand holding result i in its store
+    dtype, for every result.
     """
 
     instrs: list[dict]
@@ -756,7 +744,7 @@ class _Resolver:
 
     def operand(self, ref: Ref, bits: bool = False) -> dict:
         if _is_imm(ref):
-            return {"imm": _literal(ref), "var": None, "col": True, "hoisted": False, "bits": False}
+            return {"imm": ref, "var": None, "col": True, "hoisted": False, "bits": False}
         var = self.var[ref]
         return {"imm": None, "var": var, "col": self.col[ref], "hoisted": var in self.hoisted,
                 "bits": bits and self.alloc_dtype[var] != "int32"}
@@ -892,11 +880,11 @@ def resolve_program(program: PointwiseProgram, kinds: dict[str, str], hoisted: s
     for (node, ref), dtype in zip(program.results, store_dtypes):
         if _is_imm(ref):
             dst, alloc = r.define(f"fill{len(stores)}", dtype, False)
-            r.emit("memset", dst, alloc, value=_literal(int(ref) if dtype not in ("float32", "bfloat16", "float16")
-                                                        else float(ref)))
+            r.emit("memset", dst, alloc, value=int(ref) if dtype not in ("float32", "bfloat16", "float16")
+                   else float(ref))
         elif r.col[ref]:  # a [P, 1] value stored as a [P, F] tile: broadcast along the free dim
             dst, alloc = r.define(f"bcast{len(stores)}", dtype, False)
-            r.emit("memset", dst, alloc, value="0" if dtype not in ("float32", "bfloat16", "float16") else "0.0")
+            r.emit("memset", dst, alloc, value=0 if dtype not in ("float32", "bfloat16", "float16") else 0.0)
             r.emit("tensor_scalar", dst, None, data=dict(dst), op0="add", operand0=r.operand(r.float_col(ref)),
                    rev0=False, op1=None, operand1=None, rev1=False)
         elif r.dtype[ref] != dtype:

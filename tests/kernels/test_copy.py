@@ -5,6 +5,8 @@ Copies are exact: results must equal eager bit for bit, for fp32, bf16 and int64
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -49,6 +51,15 @@ def test_cat_of_views_reads_through_strides():
 def test_constant_pad_nd(shape, pad, dtype):
     value = -2.5 if dtype.is_floating_point else 7
     check(lambda t: F.pad(t, pad, value=value), [make(shape, dtype)], aten.constant_pad_nd.default)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("value", [-math.inf, math.inf, math.nan], ids=str)
+def test_constant_pad_nd_with_a_non_finite_value(value, dtype):
+    """Pooling-style padding with -inf: the fill reaches the kernel source as float('-inf')."""
+    (out,), (ref,), _ = run_lowered(lambda t: F.pad(t, (1, 2, 0, 3), value=value), [make((130, 9), dtype)],
+                                    aten.constant_pad_nd.default)
+    torch.testing.assert_close(out, ref, rtol=0, atol=0, equal_nan=True)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

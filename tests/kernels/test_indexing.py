@@ -3,14 +3,18 @@ NKI interpreter against eager PyTorch.
 
 Gathers are exact (a one-hot matmul picks one fp32 / bf16 value); scatter-adds accumulate in fp32
 PSUM, so fp32 results match within rtol 1e-5 and bf16 results within one bf16 rounding of the
-fp32-accumulated reference (2e-2 relative).
+fp32-accumulated reference (2e-2 relative). Lane gathers and scatters move bits, so they are exact
+with +-inf and NaN anywhere (compared with NaN equal to NaN).
 """
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
+from neuron_inductor import config
 from neuron_inductor.lowering.ir import Unsupported
 from neuron_inductor.lowering.registry import LOWERINGS
 
@@ -102,6 +106,81 @@ def test_scatter_value_src_and_add(shape, k, dtype):
     src4 = torch.randn(shape[0], 4, dtype=dtype)
     (out,), _, _ = run_lowered(lambda t, i, s: t.scatter_add(-1, i, s), [x, dup, src4], aten.scatter_add.default)
     assert_close(out, x.float().scatter_add(-1, dup, src4.float()).to(dtype))
+
+
+NON_FINITE = [-math.inf, math.inf, math.nan]
+
+
+def assert_same_values(out, ref):
+    """Bit-for-bit equal values (-0.0 == 0.0), NaN where eager has NaN."""
+    torch.testing.assert_close(out, ref, rtol=0, atol=0, equal_nan=True)
+
+
+def with_non_finite_lanes(shape, dtype):
+    """randn with +inf, -inf and NaN in the first lanes of row 0 and the last lanes of the last row."""
+    x = torch.randn(shape)
+    x[0, :3] = torch.tensor(NON_FINITE)
+    x[-1, -3:] = torch.tensor(NON_FINITE)
+    return x.to(dtype)
+
+
+def distinct_lanes(shape, k):
+    """k distinct lanes per row; row 0 hits its first two lanes (holding -inf and inf)."""
+    index = torch.stack([torch.randperm(shape[-1])[:k] for _ in range(shape[0])])
+    index[0, :2] = torch.tensor([0, 1])
+    return index
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("value", NON_FINITE, ids=str)
+@pytest.mark.parametrize("shape,k", [((130, 50), 2), ((3, 9000), 3)], ids=str)
+def test_scatter_of_a_non_finite_value(shape, k, value, dtype):
+    """MoE routers mask the experts they picked with scatter(-1, idx, -inf): the value lands on the
+    indexed lanes only, over finite and non-finite values alike, and the other lanes keep theirs."""
+    x = with_non_finite_lanes(shape, dtype)
+    index = distinct_lanes(shape, k)
+    (out,), (ref,), _ = run_lowered(lambda t, i: t.scatter(-1, i, value), [x, index], aten.scatter.value)
+    assert_same_values(out, ref)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape,k", [((130, 50), 2), ((3, 9000), 3)], ids=str)
+def test_lane_ops_move_non_finite_values_exactly(shape, k, dtype):
+    """Gathered and scattered +-inf / NaN stay on their lanes: no 0 * inf turns a row into NaN."""
+    x = with_non_finite_lanes(shape, dtype)
+    index = distinct_lanes(shape, k)
+    (out,), (ref,), _ = run_lowered(lambda t, i: torch.gather(t, -1, i), [x, index], aten.gather.default)
+    assert_same_values(out, ref)
+    src = torch.randn(shape[0], k).to(dtype)
+    src[1, 0], src[2, -1] = math.inf, math.nan
+    (out,), (ref,), _ = run_lowered(lambda t, i, s: t.scatter(-1, i, s), [x, index, src], aten.scatter.src)
+    assert_same_values(out, ref)
+    (out,), _, _ = run_lowered(lambda t, i, s: t.scatter_add(-1, i, s), [x, index, src], aten.scatter_add.default)
+    reference = x.float().scatter_add(-1, index, src.float()).to(dtype)
+    assert_close(out, reference)
+    assert torch.equal(out.isnan(), reference.isnan()) and torch.equal(out.isinf(), reference.isinf())
+
+
+def test_moe_router_masks_the_first_expert_with_neg_inf_through_compile(tmp_path):
+    """A router in the style of HF PhiMoE's sparsemixer, compiled with every op in a kernel: the
+    top expert is masked out with scatter(..., -inf) before the softmax over the others."""
+    def router(hidden, weight):
+        logits = hidden @ weight.T
+        first = logits.argmax(-1, keepdim=True)
+        others = logits.scatter(-1, first, float("-inf")).softmax(-1)
+        return first, others
+
+    hidden, weight = torch.randn(6, 40, 32), torch.randn(16, 32)
+    torch._dynamo.reset()
+    try:
+        with config.patch(fallback="error", cache_dir=str(tmp_path)):
+            first, others = torch.compile(router, backend="neuron")(hidden, weight)
+    finally:
+        torch._dynamo.reset()
+    ref_first, ref_others = router(hidden, weight)
+    assert torch.equal(first, ref_first)
+    assert torch.equal(others.gather(-1, first), torch.zeros_like(ref_first, dtype=others.dtype))
+    assert_close(others, ref_others)
 
 
 def test_cross_entropy_backward_scatter_of_a_constant_into_zeros():

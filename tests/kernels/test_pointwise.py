@@ -239,6 +239,17 @@ def test_where_does_not_leak_inf_or_nan():
     check(lambda x: torch.where(torch.isfinite(x), x, -1.0), x, **FP32)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_non_finite_constants_are_written_as_float_calls(dtype):
+    """+-inf / NaN immediates and fills render as float('inf') etc. (a bare `inf` is an undefined name)."""
+    fn = lambda x: (x + math.inf, math.inf - x, x * math.nan, torch.full_like(x, -math.inf),  # noqa: E731
+                    x.clamp(min=-math.inf, max=1.0))
+    sources = []
+    load_kernel(lower(fn, randn(130, 70, dtype=dtype))[0], sources.append)
+    assert all(f"float('{v}')" in sources[0] for v in ("inf", "-inf", "nan"))
+    check(fn, randn(130, 70, dtype=dtype), **(FP32 if dtype == torch.float32 else BF16))
+
+
 def test_floor_and_round_exact_for_large_and_half_values():
     x = torch.tensor([[0.5, 1.5, 2.5, -0.5, -1.5, 3.0e9, -3.0e9, 1.0e20, 8388609.0, -7.25, 2.0 ** 24 + 2]])
     for fn in (torch.floor, torch.ceil, torch.round, torch.trunc):
