@@ -6,7 +6,8 @@
   in fp32 kernels. They fall back to eager ATen on the host, visibly (the reason names the dtype),
   with bit-identical results; fallback="error" refuses them;
 - NaN and +-Inf propagate through pointwise, reduction, matmul and softmax kernels as in eager, in
-  fp32 and bf16 (every op runs as a kernel: fallback="error").
+  fp32 and bf16 (every op runs as a kernel: fallback="error"); arg-reductions over a row holding
+  NaN point at its first NaN, as eager does.
 """
 
 from __future__ import annotations
@@ -248,9 +249,6 @@ def test_nan_and_inf_propagate_as_in_eager(case, dtype):
     torch.testing.assert_close(got.float(), want.float(), equal_nan=True, rtol=tol["rtol"], atol=tol["atol"] * scale)
 
 
-@pytest.mark.xfail(strict=True, reason="arg-reductions over a row holding NaN return index 2**24 (the kernel matches "
-                                       "the row maximum by equality, which NaN never satisfies); eager returns the "
-                                       "first NaN's index")
 @pytest.mark.parametrize("case", sorted(INDEX_CASES))
 def test_arg_reductions_point_at_the_first_nan_as_in_eager(case):
     fn = INDEX_CASES[case]

@@ -172,3 +172,58 @@ def test_cumsum(shape, dim, dtype):
         torch.testing.assert_close(out.float(), ref.float(), rtol=2e-2, atol=2e-2 * ref.float().abs().max().item())
     else:
         assert_close(out, ref, fp32_rtol=1e-5 * shape[dim] ** 0.5)
+
+
+def lines_with_nans(count: int, length: int) -> torch.Tensor:
+    """[count, length] fp32 lines with many ties, cycling through NaN patterns: none (with +-inf),
+    one NaN at a position that moves from line to line, several NaNs, all NaN, NaN among +-inf,
+    and all -inf / all +inf lines (no NaN: the first element is the extremum)."""
+    x = torch.randint(-3, 4, (count, length)).float()
+    nan, inf = float("nan"), float("inf")
+    for line in range(count):
+        first = (line * 7919 + 11) % length  # first NaN position, spread over the line (and its chunks)
+        pattern = line % 7
+        if pattern == 0:
+            x[line, first] = inf
+            x[line, (first + 1) % length] = -inf
+        elif pattern == 1:
+            x[line, first] = nan
+        elif pattern == 2:
+            x[line, first:] = torch.where(torch.arange(length - first) % 3 == 0, nan, x[line, first:])
+        elif pattern == 3:
+            x[line] = nan
+        elif pattern == 4:
+            x[line, : first + 1] = torch.where(torch.arange(first + 1) % 2 == 0, inf, -inf)
+            x[line, first] = nan
+            x[line, first + 1:] = inf
+        elif pattern == 5:
+            x[line] = -inf
+        else:
+            x[line] = inf
+    return x
+
+
+# Reduced dim last (free-axis tiles; 9000 and 20000 lanes span several chunks) or not (partition
+# layout); extents that are and are not multiples of 128 partitions / 512 columns.
+NAN_SHAPES = [((7, 300), 1), ((256, 512), 1), ((130, 9000), -1), ((20000,), 0), ((300, 7), 0), ((256, 128), 0),
+              ((3, 200, 9), 1), ((2, 129, 130), 1)]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("shape,dim", NAN_SHAPES, ids=str)
+def test_arg_reductions_point_at_the_first_nan(shape, dim, dtype):
+    """Eager treats NaN as beyond every number: argmax and argmin of a line holding NaN both give
+    its first NaN, and max / min values are NaN there."""
+    dim = dim % len(shape)
+    lines = [s for d, s in enumerate(shape) if d != dim]
+    # from line 2 on: a 1-d input is one line with several NaNs, the first in its second chunk
+    x = lines_with_nans(torch.Size(lines).numel() + 2, shape[dim])[2:]
+    x = x.reshape(*lines, shape[dim]).movedim(-1, dim).to(dtype)
+    assert x.isnan().any()
+    for target, fn in [(aten.argmax.default, lambda t: t.argmax(dim)), (aten.argmin.default, lambda t: t.argmin(dim))]:
+        (indices,), (ref_indices,), _ = run_lowered(fn, [x], target)
+        assert torch.equal(indices, ref_indices), (indices != ref_indices).nonzero()[:5]
+    for target, fn in [(aten.max.dim, lambda t: t.max(dim)), (aten.min.dim, lambda t: t.min(dim, keepdim=True))]:
+        (values, indices), (ref_values, ref_indices), _ = run_lowered(fn, [x], target)
+        assert torch.equal(indices, ref_indices), (indices != ref_indices).nonzero()[:5]
+        torch.testing.assert_close(values, ref_values, rtol=0, atol=0, equal_nan=True)
