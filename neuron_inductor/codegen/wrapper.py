@@ -7,7 +7,6 @@ outputs. It is self-contained source, so it is cached on disk and dumped as-is.
 
 from __future__ import annotations
 
-import math
 import operator
 
 import torch
@@ -15,7 +14,7 @@ import torch.fx as fx
 
 from ..lowering.graph import LoweredGraph
 from ..lowering.ir import HostStep, KernelStep
-from .render import environment
+from .render import environment, literal
 
 
 class WrapperError(RuntimeError):
@@ -29,13 +28,13 @@ def _literal(value, names: dict[fx.Node, str], namespaces: set[str]) -> str:
     if isinstance(value, (list, tuple)):
         items = ", ".join(_literal(v, names, namespaces) for v in value)
         return f"[{items}]" if isinstance(value, list) else f"({items}{',' if len(value) == 1 else ''})"
-    if isinstance(value, bool) or value is None or isinstance(value, (int, str, complex)):
+    if isinstance(value, (bool, int, float)):
+        return literal(value)
+    if value is None or isinstance(value, (str, complex)):
         return repr(value)
     if isinstance(value, torch._ops.OpOverload):
         namespaces.add(value.namespace)
         return f"{value.namespace}.{value.overloadpacket.__name__}.{value._overloadname}"
-    if isinstance(value, float):
-        return repr(value) if math.isfinite(value) else f"float('{value}')"
     if isinstance(value, (torch.dtype, torch.memory_format, torch.layout)):
         return repr(value)
     if isinstance(value, torch.device):
