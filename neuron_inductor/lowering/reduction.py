@@ -2,7 +2,8 @@
 
 sum / mean / amax / amin / prod / any / all / var / var_mean reduce over any set of dims;
 max.dim / min.dim / argmax / argmin over one dim (values and/or int64 indices of the first
-extremum, PyTorch's rule); cumsum along one dim.
+extremum, PyTorch's rule); linalg_vector_norm of any order over any set of dims; cumsum along
+one dim.
 
 Tiling (`plan_dims`). Kernels index their HBM input by its logical shape only (it may be a
 strided host view), so dims are never reordered or merged: every tile is a rectangular box of
@@ -187,7 +188,10 @@ def _free_limit(kind: str):
 
 
 def reduction_spec(node: fx.Node, kind: str, reduced: set[int], keepdim: bool, outputs: list,
-                   correction: float = 0.0) -> KernelSpec:
+                   correction: float = 0.0, transform: str | None = None, exponent: float | None = None,
+                   root: float | None = None) -> KernelSpec:
+    """`transform` (see `_norm_plan`, with `exponent` for "abs_pow") maps every loaded element
+    to fp32 before it is combined; `root` raises the reduced value to that power before the store."""
     x = val(node.args[0])
     shape = tuple(int(s) for s in x.shape)
     if x.dtype in (torch.float64, torch.complex64, torch.complex128):
@@ -223,6 +227,9 @@ def reduction_spec(node: fx.Node, kind: str, reduced: set[int], keepdim: bool, o
         "results": RESULTS.get((kind, len(outputs)), ["value"]),
         "index_dim": index_dim,
         "is_int_input": not x.dtype.is_floating_point,
+        "transform": transform,
+        "exponent": exponent,
+        "root": root,
     }
     return KernelSpec("reduction", params, [node.args[0]], outputs, flops=x.numel())
 
@@ -307,6 +314,42 @@ def lower_var(node: fx.Node) -> KernelSpec:
     keepdim = bool(node.kwargs.get("keepdim", False))
     outputs = result_values(node) if node.target is aten.var_mean.correction else [node]
     return reduction_spec(node, "var", reduced, keepdim, outputs, correction)
+
+
+def _norm_plan(order: float) -> tuple[str, str, float | None]:
+    """(transform, reduction kind, root) of a vector norm of `order`: sums of x*x, |x| or |x|**p
+    for finite orders, the count of nonzeros for 0, max / min of |x| for +-inf."""
+    if order == 2:
+        return "square", "sum", 0.5
+    if order == 1:
+        return "abs", "sum", None
+    if order == 0:
+        return "nonzero", "sum", None
+    if order == math.inf:
+        return "abs", "max", None
+    if order == -math.inf:
+        return "abs", "min", None
+    return "abs_pow", "sum", 1.0 / order
+
+
+@register_lowering(aten.linalg_vector_norm.default)
+def lower_vector_norm(node: fx.Node) -> KernelSpec:
+    """linalg.vector_norm over any set of dims: each loaded tile is transformed elementwise in fp32
+    (x*x, |x|, |x|**p or x != 0), reduced like a sum / amax / amin in every layout, and the reduced
+    value raised to 1/p (power on VectorE) before the store. The `dtype` argument only sets the
+    output dtype: the arithmetic is fp32 either way."""
+    x = val(node.args[0])
+    out = val(node)
+    if out.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        raise Unsupported(f"vector norm to {out.dtype}")
+    order = float(arg(node, 1, "ord", 2))
+    if math.isnan(order):
+        raise Unsupported("vector norm of order NaN")
+    transform, kind, root = _norm_plan(order)
+    reduced = normalize_dims(arg(node, 2, "dim"), x.dim())
+    keepdim = bool(arg(node, 3, "keepdim", False))
+    exponent = order if transform == "abs_pow" else None
+    return reduction_spec(node, kind, reduced, keepdim, [node], transform=transform, exponent=exponent, root=root)
 
 
 # ---- scans ------------------------------------------------------------------------------------------
