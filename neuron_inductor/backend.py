@@ -20,6 +20,7 @@ from torch._functorch.partitioners import min_cut_rematerialization_partition
 
 from . import config as config_module
 from . import observe
+from .bucketing import pin_generator_states
 from .decompositions import neuron_decompositions
 from .runtime import GraphRunner
 
@@ -31,7 +32,7 @@ MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagrap
 
 def _make_compiler(cfg: config_module.NeuronConfig, kind: str) -> Callable:
     def compile_graph(gm: fx.GraphModule, example_inputs: list) -> Callable:
-        runner = GraphRunner(gm, list(example_inputs), cfg, kind)
+        runner = GraphRunner(gm, pin_generator_states(gm, example_inputs), cfg, kind)
         runner._boxed_call = True  # AOTAutograd calls boxed compilers with a list it lets us clear
         return runner
 

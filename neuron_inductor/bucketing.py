@@ -19,6 +19,7 @@ pass derives layouts of in-graph views exactly; this rule is only used for graph
 from __future__ import annotations
 
 import logging
+import operator
 import warnings
 from dataclasses import dataclass
 
@@ -26,7 +27,7 @@ import sympy
 import torch
 import torch.fx as fx
 from torch.fx.experimental.proxy_tensor import make_fx
-from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
+from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols, optimization_hint
 
 log = logging.getLogger("neuron_inductor")
 
@@ -117,6 +118,44 @@ def dim_factors(expr: sympy.Expr) -> tuple[sympy.Expr, ...]:
     if coefficient != 1 and coefficient.is_Integer and rest.free_symbols:
         return (coefficient, rest)
     return (expr,)
+
+
+def generator_state_nodes(gm: fx.GraphModule) -> list[fx.Node]:
+    """Nodes holding a saved RNG generator state: the states a checkpointed region's forward saves
+    (`run_and_save_rng_state(...)[0]`) and the ones its backward restores (`run_with_rng_state`'s
+    first argument)."""
+    found: list[fx.Node] = []
+    for node in gm.graph.nodes:
+        if node.op != "call_function":
+            continue
+        if node.target is torch.ops.higher_order.run_with_rng_state and isinstance(node.args[0], fx.Node):
+            found.append(node.args[0])
+        elif (node.target is operator.getitem and node.args[1] == 0 and isinstance(node.args[0], fx.Node)
+              and node.args[0].target is torch.ops.higher_order.run_and_save_rng_state):
+            found.append(node)
+    return list(dict.fromkeys(found))
+
+
+def pin_generator_states(gm: fx.GraphModule, example_inputs: list) -> list:
+    """Give generator states their fixed size in `gm` and `example_inputs` (returned as a new list).
+
+    The partitioner fakeifies the sample generator state under the graph's ShapeEnv, so a state's
+    byte count arrives as a fresh symbol. It is no length: padding a state to a bucket corrupts it
+    (the generator rejects a state of another size) and a symbol in the backward's inputs would keep
+    a `dynamic=False` backward out of its static family. The size is pinned to the symbol's hint,
+    the generator's real state size."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    pinned = list(example_inputs)
+    for node in generator_state_nodes(gm):
+        val = node.meta.get("val")
+        if not isinstance(val, torch.Tensor) or not any(isinstance(s, torch.SymInt) for s in val.shape):
+            continue
+        static = val.fake_mode.from_tensor(
+            torch.empty([optimization_hint(s) for s in val.shape], dtype=val.dtype), static_shapes=True)
+        node.meta["val"] = static
+        if node in placeholders and isinstance(pinned[placeholders.index(node)], torch.Tensor):
+            pinned[placeholders.index(node)] = static
+    return pinned
 
 
 def has_symbolic_shapes(example_inputs) -> bool:

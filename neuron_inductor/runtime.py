@@ -7,8 +7,9 @@ the inputs, runs the program and slices the outputs back to the real sizes.
 
 A symbolic graph is first made pad-safe (`passes.pad_safety`); if that is impossible it runs at
 exact shapes instead, and the warning names the op. Activations a forward graph saves for the
-backward stay padded (the backward graph runs at the same bucket and recognises them by shape);
-SymInts handed to the backward carry the real sizes.
+backward stay padded (the backward graph runs at the same bucket and recognises them by shape, or
+cuts them back to the real sizes when it runs at exact shapes); SymInts handed to the backward
+carry the real sizes.
 
 A static graph (`dynamic=False`, or Dynamo's first graph of a frame) runs as it is until
 `generalize` finds the symbolic form it is an instance of (from an earlier static graph of the
@@ -168,9 +169,13 @@ class GraphRunner:
         if plan.bucket is None:
             return args
         real, padded = plan.bucket.real, plan.bucket.padded
+        # An unpadded backward still gets the activations of a forward that ran padded at its bucket.
+        saved_at = bucketing.choose_bucket(self.policy, self.symbols, real).padded if plan.mode == "exact" else None
         inputs = []
         for spec, arg in zip(self.input_specs, args):
             if isinstance(spec, tuple) and isinstance(arg, torch.Tensor):
+                if saved_at is not None and list(arg.shape) == [evaluate(e, saved_at) for e in spec]:
+                    arg = bucketing.slice_tensor(arg, spec, real, saved_at)
                 inputs.append(bucketing.pad_tensor(arg, spec, real, padded))
             elif spec is not None and not isinstance(spec, tuple):
                 inputs.append(evaluate(spec, padded))  # SymInt inputs size the padded graph

@@ -172,6 +172,15 @@ def test_each_length_in_a_bucket_reuses_one_program(host_only, tmp_path):
     assert [s.split("=")[1] for s in signatures] == ["128", "256"], signatures
 
 
+def test_unpadded_backward_takes_activations_the_forward_saved_padded(host_only, tmp_path):
+    # cumsum pads safely; its backward flips the length, so the backward runs at exact shapes and
+    # must cut the activations saved at the forward's bucket back to the real length.
+    fn = lambda x: x.cumsum(1) * x.sin()  # noqa: E731
+    compiled = torch.compile(fn, backend="neuron", options={"cache_dir": str(tmp_path), "fallback": "allow"})
+    signatures = _check_lengths(Case(fn, _seq(grad=True), [(0, 1)]), compiled, [40, 200])
+    assert [s.startswith("exact") for s in signatures] == [False, True, False, True], signatures
+
+
 @pytest.fixture(scope="module")
 def llama():
     return TinyLlama(TinyLlamaConfig(n_layers=1, dim=32, n_heads=4, n_kv_heads=2, ffn_dim=64, vocab_size=64))
@@ -217,6 +226,21 @@ def test_unsafe_op_is_reported_by_name():
     _, _, report = make_pad_safe(traced, symbols)
     assert not report.safe
     assert any(line.startswith("flip") and "reverses a padded dim" in line for line in report.unsafe), report.unsafe
+
+
+@pytest.mark.parametrize("fn, reason", [
+    (lambda x: F.scaled_dot_product_attention(x, x, x, is_causal=True), "the head dim is padded"),
+    (lambda x: x + torch.rand_like(x), "draws random numbers over a padded dim"),
+    (lambda x: x * torch.rand(x.shape[2], 1), "draws random numbers over a padded dim"),
+])
+def test_padded_head_dim_and_random_draws_are_unsafe(fn, reason):
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    traced = make_fx(fn, tracing_mode="symbolic")(torch.randn(2, 3, 6, 5))  # [batch, heads, length, head dim]
+    symbols = {s for node in traced.graph.nodes if node.op == "placeholder"
+               for size in node.meta["val"].shape[2:] for s in size.node.expr.free_symbols}
+    _, _, report = make_pad_safe(traced, symbols)
+    assert any(reason in line for line in report.unsafe), report.unsafe
 
 
 def test_contraction_masks_both_operands():

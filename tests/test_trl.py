@@ -48,9 +48,6 @@ def test_sft_unpadded_recompiles_per_length_and_matches_eager(fresh_compile_stat
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="known backend issue: a checkpointed SDPA is wrapped in "
-                   "run_and_save_rng_state / run_with_rng_state, and the RNG state the forward saves reaches the "
-                   "backward padded to a multiple of 128 bytes, which the generator rejects")
 def test_sft_with_gradient_checkpointing(fresh_compile_state, tmp_path):
     compiled, eager, _ = _train_both(["--max_steps", "2", "--pad_to_multiple_of", "128",
                                       "--activation_checkpointing", "true", "--output_dir", str(tmp_path)])

@@ -22,7 +22,7 @@ from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
 from . import matmul, pointwise
 from .ir import HostStep, KernelSpec, KernelStep, Step, Unsupported
-from .registry import ALLOCATIONS, FALLBACKS, LOWERINGS, SIZE_OPS, VIEW_OPS, load_lowerings
+from .registry import ALLOCATIONS, FALLBACKS, LOWERINGS, RNG_WRAPPERS, SIZE_OPS, VIEW_OPS, load_lowerings
 
 
 class FallbackError(RuntimeError):
@@ -60,6 +60,12 @@ def op_name(node: fx.Node) -> str:
 
 def _is_tensor(node: fx.Node) -> bool:
     return isinstance(node.meta.get("val"), torch.Tensor)
+
+
+def _holds_tensors(node: fx.Node) -> bool:
+    """A tensor, or a tuple with one (getitem of a wrapper's (result, ...) tuple is a view, not size math)."""
+    val = node.meta.get("val")
+    return any(isinstance(v, torch.Tensor) for v in (val if isinstance(val, (tuple, list)) else [val]))
 
 
 def _has_data_dependent_size(node: fx.Node) -> bool:
@@ -113,7 +119,14 @@ class _Layouts:
             return False
         args, kwargs = fx.node.map_arg((node.args, node.kwargs), lambda n: self.metas[n])
         try:
-            self.metas[node] = node.target(*args, **kwargs)
+            if node.target in RNG_WRAPPERS:  # the wrapped op decides the layout
+                position = RNG_WRAPPERS[node.target]
+                result = args[position](*args[position + 1:], **kwargs)
+                if node.target is torch.ops.higher_order.run_and_save_rng_state:  # and the saved state: flat bytes
+                    result = (torch.empty(torch.get_rng_state().shape, dtype=torch.uint8, device="meta"), result)
+                self.metas[node] = result
+            else:
+                self.metas[node] = node.target(*args, **kwargs)
         except Exception:
             return False
         return True
@@ -242,7 +255,7 @@ def lower_graph(gm: fx.GraphModule, fallback_mode: str = "warn",
         if needs_group(node):
             flush()
         if node.target in SIZE_OPS or (getattr(node.target, "__module__", None) == "_operator"
-                                       and not _is_tensor(node)):
+                                       and not _holds_tensors(node)):
             steps.append(HostStep(node, "scalar"))  # arithmetic / checks on sizes, not tensor math
             continue
         if node.target in ALLOCATIONS:

@@ -55,6 +55,11 @@ SIZE_OPS = {
     aten.sym_constrain_range_for_size.default,
 }
 
+# Wrappers the partitioner puts around a random op of a checkpointed region -> position of the
+# wrapped op in their args (its own args follow it): the forward saves the generator state
+# (run_and_save_rng_state returns it with the op's result), the backward's recompute restores it.
+RNG_WRAPPERS = {torch.ops.higher_order.run_and_save_rng_state: 0, torch.ops.higher_order.run_with_rng_state: 1}
+
 # Deliberate eager fallbacks, with the reason reported to the user.
 FALLBACKS: dict[torch._ops.OpOverload, str] = {
     aten.native_dropout.default: "random numbers stay on the host so results follow eager's RNG stream",

@@ -10,7 +10,11 @@ real ones is rewritten with ordinary ATen ops, which the kernel families compile
 - contractions over a padded dim (mm, addmm, bmm, baddbmm): BOTH operands are masked to zero;
 - attention over a padded key dim: causal attention is safe for real queries (keys past a real
   query are never visible); every operand is masked to zero so padded rows stay finite, and
-  non-causal attention gets a key mask;
+  non-causal attention gets a key mask; a padded head dim would change the default softmax scale;
+- random ops (and a checkpointed region's `run_and_save_rng_state` / `run_with_rng_state`, which
+  wrap one) never draw over a padded dim: eager draws over the real shape only, so the values at
+  real positions and the generator's state afterwards would differ; wrapped attention without
+  dropout is attention as above;
 - scatters whose sources include padded positions (embedding backward, index_put with
   accumulate, scatter_add / scatter_reduce, index_add): the sources are masked to the neutral value;
 - losses with ignore_index (nll_loss forward / backward): padded targets become ignore_index, so a
@@ -28,6 +32,7 @@ from __future__ import annotations
 
 import logging
 import math
+import operator
 from dataclasses import dataclass, field
 
 import sympy
@@ -35,7 +40,7 @@ import torch
 import torch.fx as fx
 
 from ..bucketing import evaluate, size_expr
-from ..lowering.registry import VIEW_OPS
+from ..lowering.registry import RNG_WRAPPERS, VIEW_OPS
 from .padded_layout import (
     RESHAPES, SAME_AS_FIRST, UNKNOWN, MultiLayout, analyse, is_padded_expr, reduced_dims, tensor_inputs, tensor_val,
 )
@@ -304,7 +309,9 @@ class _Rewriter:
         if target in CONTRACTIONS:
             return self.contraction(node)
         if target in (ATTENTION, ATTENTION_BACKWARD):
-            return self.attention(node)
+            return self.attention(node, target)
+        if target in RNG_WRAPPERS:
+            return self.rng_wrapped(node)
         if target in NLL_LOSSES:
             return self.nll_loss(node)
         if target is aten.embedding_dense_backward.default:
@@ -337,6 +344,8 @@ class _Rewriter:
             if self.padded_dims(node.args[0], [dim]):
                 raise Unsafe("splits along a padded dim")
             return None
+        if isinstance(target, torch._ops.OpOverload) and torch.Tag.nondeterministic_seeded in target.tags:
+            return self.random(node)
         if self.is_row_local(node):
             return None
         if any(self.padded_dims(arg) for arg in tensor_inputs(node)):
@@ -474,12 +483,16 @@ class _Rewriter:
         self.mask_args(node, [(a_index, [a_dim], "zero"), (b_index, [b_dim], "zero")],
                        "both operands zeroed along the padded contraction dim")
 
-    def attention(self, node: fx.Node) -> None:
-        forward = node.target is ATTENTION
+    def attention(self, node: fx.Node, op, first: int = 0) -> None:
+        """`op` (SDPA or its backward) with its args from `node.args[first]` on (a wrapper's come later)."""
+        forward = op is ATTENTION
         tensors = (0, 1, 2) if forward else (0, 1, 2, 3, 4)  # q, k, v (| grad_out, q, k, v, out)
-        query, key = (node.args[0], node.args[1]) if forward else (node.args[1], node.args[2])
+        args = node.args[first:]
+        query, key = (args[0], args[1]) if forward else (args[1], args[2])
         causal_index = 4 if forward else 7
-        causal = len(node.args) > causal_index and bool(node.args[causal_index])
+        causal = len(args) > causal_index and bool(args[causal_index])
+        if self.padded_dims(query, [-1]) and node.kwargs.get("scale") is None:
+            raise Unsafe("the head dim is padded, and the default softmax scale is 1/sqrt(its padded size)")
         key_layout, query_layout = self.dim_layout(key, -2), self.dim_layout(query, -2)
         if key_layout is None and query_layout is None:
             return
@@ -488,12 +501,28 @@ class _Rewriter:
         if UNKNOWN in (key_layout, query_layout):
             raise Unsafe("attention over a sequence dim whose padding layout is not known")
         dtype = tensor_val(query).dtype  # read before mask_args replaces the operands with unannotated nodes
-        specs = [(i, [-2], "zero") for i in tensors]
+        specs = [(first + i, [-2], "zero") for i in tensors]
         if not forward:
-            specs.append((5, [-1], "zero"))  # logsumexp rows of padded queries
+            specs.append((first + 5, [-1], "zero"))  # logsumexp rows of padded queries
         self.mask_args(node, specs, "padded rows -> 0" + ("" if causal else ", padded keys masked"))
         if not causal and key_layout is not None:
             self.key_mask(node, key, dtype)
+
+    def rng_wrapped(self, node: fx.Node) -> None:
+        """A checkpointed region's random op: attention without dropout is plain attention (SDPA is
+        tagged random for its dropout argument); any other is a random op."""
+        position = RNG_WRAPPERS[node.target]
+        op, args = node.args[position], node.args[position + 1:]
+        if op is ATTENTION and not node.kwargs.get("dropout_p", args[3] if len(args) > 3 else 0.0):
+            return self.attention(node, op, position + 1)
+        return self.random(node)
+
+    def random(self, node: fx.Node) -> None:
+        """Random values may be drawn only where no dim is padded."""
+        results = _tensor_results(node)
+        if any(self.padded_dims(arg) for arg in tensor_inputs(node)) or any(
+                is_padded_expr(size_expr(size), self.symbols) for val in results for size in val.shape):
+            raise Unsafe("draws random numbers over a padded dim, where eager draws over the real shape only")
 
     def key_mask(self, node: fx.Node, key: fx.Node, dtype: torch.dtype) -> None:
         """Non-causal attention: padded keys get -inf scores through attn_mask."""
@@ -628,6 +657,15 @@ class _Rewriter:
         expr = size_expr(position.meta["val"]) if isinstance(position, fx.Node) else sympy.Integer(position or 0)
         if not expr.is_Integer or int(expr) < 0 or (int(expr) and len(layout) > 1):
             raise Unsafe("writes at a position counted from the end of a padded dim")
+
+
+def _tensor_results(node: fx.Node) -> list[torch.Tensor]:
+    """The tensors `node` returns; a wrapper node without a value gives its getitem users' values."""
+    val = node.meta.get("val")
+    if val is None:
+        return [t for user in node.users if user.target is operator.getitem for t in _tensor_results(user)]
+    values = val if isinstance(val, (tuple, list)) else [val]
+    return [v for v in values if isinstance(v, torch.Tensor)]
 
 
 def make_pad_safe(gm: fx.GraphModule, symbols) -> tuple[fx.GraphModule, list[ExtraInput], PadSafetyReport]:
