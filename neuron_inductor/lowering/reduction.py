@@ -356,27 +356,44 @@ def lower_vector_norm(node: fx.Node) -> KernelSpec:
 
 @register_lowering(aten.cumsum.default)
 def lower_cumsum(node: fx.Node) -> KernelSpec:
-    """Inclusive prefix sum along `dim`, which must be the last non-unit dim (the free axis).
+    """Inclusive prefix sum along `dim`, in fp32.
 
-    The scan runs as a Hillis-Steele log-step scan of VectorE adds on free-axis tiles (ping-pong
-    between two tiles, log2(cols) steps), carrying the running total across column chunks.
-    A scan over a leading dim would instead need a triangular-ones matmul on TensorE over
-    partitions; that is not implemented.
+    Along the last non-unit dim (scan axis "f"): a Hillis-Steele log-step scan of VectorE adds on
+    free-axis tiles (ping-pong between two tiles, log2(cols) steps), carrying the running total
+    across column chunks. Along any other dim (scan axis "p"): the scanned dim goes on the
+    partitions, the dims after it on the free axis in PSUM-bank chunks, and TensorE multiplies each
+    [rows, cols] tile by an upper-triangular ones matrix (column m sums rows 0..m); the running
+    totals of earlier row chunks are broadcast to every row by a ones-row matmul accumulated into
+    the same PSUM tile. Dims before the scanned one are walked one index at a time. A float input
+    is scanned as its finite values (non-finite ones zeroed) beside prefix counts of +inf-or-NaN
+    and -inf-or-NaN elements, which the kernel turns back into inf / -inf / NaN: TensorE's 0 * inf
+    would otherwise put NaN into rows the non-finite element does not reach.
     """
     x = val(node.args[0])
     out = val(node)
     if not out.dtype.is_floating_point and out.dtype not in (torch.int64, torch.int32):
         raise Unsupported(f"cumsum to {out.dtype}")
+    if out.dtype == torch.float64 or x.dtype in (torch.float64, torch.complex64, torch.complex128):
+        raise Unsupported(f"cumsum of {x.dtype} to {out.dtype}: no on-chip equivalent")
     rank = x.dim()
     if rank == 0:
         raise Unsupported("cumsum of a 0-d tensor")
     dim = int(arg(node, 1, "dim")) % rank
     shape = [int(s) for s in x.shape]
-    if any(s > 1 for s in shape[dim + 1:]):
-        raise Unsupported("cumsum along a dim that is not the last non-unit dim")
-    if not out.dtype.is_floating_point and x.numel() and shape[dim] >= EXACT_INT_LIMIT:
+    if x.numel() == 0:
+        raise Unsupported("cumsum of an empty tensor")
+    if not out.dtype.is_floating_point and shape[dim] >= EXACT_INT_LIMIT:
         raise Unsupported("integer prefix sums above 2**24 are not exact in fp32")
-    # the scanned dim plays the role of a reduced dim: trailing, so it lands on the free axis
-    _, dims = plan_dims(shape, {dim}, lambda layout: FREE_MAX)
-    params = {"dims": [d.as_param() for d in dims], "scan_dim": dim}
+    trailing = [d for d in range(dim + 1, rank) if shape[d] > 1]
+    if not trailing:
+        # the scanned dim plays the role of a reduced dim: trailing, so it lands on the free axis
+        _, dims = plan_dims(shape, {dim}, lambda layout: FREE_MAX)
+        scan_axis, guard_nonfinite = "f", False  # VectorE adds handle inf and NaN as eager does
+    else:
+        guard_nonfinite = x.dtype.is_floating_point
+        # the finite values and two flag columns share one PSUM bank
+        dims = walk_dims(shape, {dim}, [dim], trailing, PSUM_FMAX // 3 if guard_nonfinite else PSUM_FMAX)
+        scan_axis = "p"
+    params = {"dims": [d.as_param() for d in dims], "scan_dim": dim, "scan_axis": scan_axis,
+              "guard_nonfinite": guard_nonfinite, "FLT_MAX": float(torch.finfo(torch.float32).max)}
     return KernelSpec("cumsum", params, [node.args[0]], [node], flops=x.numel())

@@ -10,6 +10,7 @@ magnitudes; bf16 results are compared with an fp32-accumulated reference rounded
 from __future__ import annotations
 
 import itertools
+import math
 
 import pytest
 import torch
@@ -158,8 +159,15 @@ def test_unsupported_cases_raise():
         LOWERINGS[node.target](node)
 
 
+# Along the last non-unit dim (free-axis scan) and along earlier dims (partition scan on TensorE):
+# scanned extents that are and are not multiples of 128 partitions, trailing extents that are and
+# are not multiples of the free chunks, size-1 scanned dims and leading dims.
+CUMSUM_CASES = [((5, 300), 1), ((130, 9000), -1), ((1000,), 0), ((3, 7, 1), 1), ((300, 70), 0), ((256, 171), 0),
+                ((5, 130, 7), 1), ((2, 3, 129, 5), 0), ((257, 1000), 0), ((4, 1, 6), 1), ((1, 600), 0)]
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int64])
-@pytest.mark.parametrize("shape,dim", [((5, 300), 1), ((130, 9000), -1), ((1000,), 0), ((3, 7, 1), 1)], ids=str)
+@pytest.mark.parametrize("shape,dim", CUMSUM_CASES, ids=str)
 def test_cumsum(shape, dim, dtype):
     if dtype == torch.int64:
         x = (torch.rand(shape) > 0.3).long()  # an attention mask's position ids
@@ -172,6 +180,39 @@ def test_cumsum(shape, dim, dtype):
         torch.testing.assert_close(out.float(), ref.float(), rtol=2e-2, atol=2e-2 * ref.float().abs().max().item())
     else:
         assert_close(out, ref, fp32_rtol=1e-5 * shape[dim] ** 0.5)
+
+
+@pytest.mark.parametrize("dim", [0, 1])
+def test_cumsum_with_infinities_and_nans(dim):
+    """inf, -inf, both, and NaN in different columns (rows for dim 1), before and after the first
+    128-row chunk: the prefixes reaching them become inf / -inf / NaN, the others stay finite."""
+    x = torch.randn(300, 7)
+    x[5, 0] = x[10, 2] = math.inf
+    x[200, 1] = x[150, 2] = x[0, 4] = -math.inf
+    x[130, 3] = math.nan
+    x[7, 5], x[9, 5] = math.nan, math.inf
+    if dim == 1:
+        x = x.T.contiguous()
+    (out,), (ref,), _ = run_lowered(lambda t: t.cumsum(dim), [x], aten.cumsum.default)
+    assert torch.equal(out.isnan(), ref.isnan()) and torch.equal(out.isposinf(), ref.isposinf())
+    assert torch.equal(out.isneginf(), ref.isneginf())
+    assert_close(out, ref, fp32_rtol=1e-5 * x.shape[dim] ** 0.5)
+
+
+def test_cumsum_of_a_strided_view_along_a_leading_dim():
+    x = torch.randn(9, 200, 5)
+    (out,), (ref,), inputs = run_lowered(lambda t: t.permute(1, 2, 0).cumsum(0), [x], aten.cumsum.default)
+    assert not inputs[0].is_contiguous()
+    assert_close(out, ref, fp32_rtol=1e-5 * 200 ** 0.5)
+
+
+@pytest.mark.parametrize("shape,dim,reason", [((0, 5), 0, "empty"), ((4, 5), 0, "float64")], ids=str)
+def test_cumsum_unsupported_cases_raise(shape, dim, reason):
+    dtype = torch.float64 if reason == "float64" else torch.float32
+    gm = aten_graph(lambda t: t.cumsum(dim), torch.randn(shape, dtype=dtype))
+    node = next(n for n in gm.graph.nodes if n.target is aten.cumsum.default)
+    with pytest.raises(Unsupported, match=reason):
+        LOWERINGS[node.target](node)
 
 
 def lines_with_nans(count: int, length: int) -> torch.Tensor:
