@@ -1,29 +1,66 @@
-"""Data movement (family `copy`): copy_ into a graph input, cat, constant_pad_nd, slice_scatter.
+"""Data movement (family `copy`): copy / copy_, cat, constant_pad_nd, slice_scatter, flip, repeat.
 
 Each op is a list of *pieces*: a box of the destination filled either from one input (read by its
 logical shape, so strided / expanded host views work) or with a constant. Pieces never overlap,
 so the DMAs may complete in any order. Input pieces are direct HBM -> HBM DMAs, one per tile of
 `plan_copy`; constant pieces DMA a memset SBUF tile. No engine touches the data.
+
+A piece's `dst` / `src` list one slice per dim of the destination / source: `shift` (the box's
+offset), `step` (a strided box, slice_scatter's step) and `mode`: "same" follows the walked dim,
+"one" reads index 0 of a size-1 source dim (broadcast, repeat), "flip" reads the walked index
+mirrored. DMAs have no negative or zero strides, so the dims a source does not follow ("one",
+"flip", and destination dims the source lacks) are walked one index at a time.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 import torch.fx as fx
 
 from .common import arg, val
 from .ir import KernelSpec, Unsupported
-from .reduction import plan_copy
+from .reduction import Dim, plan_copy
 from .registry import register_lowering
 
 aten = torch.ops.aten
 
+# The most DMAs one kernel may issue: flip / broadcast / repeat walk some dims one index at a
+# time, and every DMA is a line of the unrolled kernel.
+MAX_DMAS = 16384
 
-def _piece(shape, offsets, source: int | None, source_offsets=None) -> dict:
-    """A destination box of `shape` at `offsets`, read from input `source` at `source_offsets`
-    (default: its origin), or filled with the constant when `source` is None."""
-    return {"source": source, "dims": [d.as_param() for d in plan_copy(shape)], "offsets": list(offsets),
-            "source_offsets": list(source_offsets or [0] * len(shape))}
+
+def _walk(shape, single=()) -> list[dict]:
+    """plan_copy's walk of `shape`, with the dims in `single` walked one index at a time."""
+    shape = [int(s) for s in shape]
+    planned = plan_copy([1 if d in single else s for d, s in enumerate(shape)])
+    return [(Dim(d, shape[d], False, "loop", 1) if d in single else p).as_param() for d, p in enumerate(planned)]
+
+
+def _slice(dim: int, shift: int = 0, step: int = 1, mode: str = "same") -> dict:
+    return {"dim": dim, "shift": int(shift), "step": int(step), "mode": mode}
+
+
+def _piece(shape, offsets, source: int | None, source_offsets=None, steps=None, source_steps=None) -> dict:
+    """A destination box of `shape` at `offsets` (every `steps`-th element), read from input
+    `source` at `source_offsets` (default: its origin), or filled with the constant when `source` is None."""
+    rank = len(shape)
+    source_offsets = source_offsets or [0] * rank
+    steps, source_steps = steps or [1] * rank, source_steps or [1] * rank
+    return {"source": source, "dims": _walk(shape),
+            "dst": [_slice(d, offsets[d], steps[d]) for d in range(rank)],
+            "src": [_slice(d, source_offsets[d], source_steps[d]) for d in range(rank)]}
+
+
+def _broadcast_piece(shape, source_shape, source: int) -> dict:
+    """The whole destination `shape` read from input `source` broadcast to it (torch rules)."""
+    lead = len(shape) - len(source_shape)
+    if lead < 0 or any(s not in (1, shape[lead + k]) for k, s in enumerate(source_shape)):
+        raise Unsupported(f"source of shape {list(source_shape)} does not broadcast to {list(shape)}")
+    src = [_slice(lead + k, mode="one" if s == 1 else "same") for k, s in enumerate(source_shape)]
+    single = set(range(lead)) | {s["dim"] for s in src if s["mode"] == "one"}
+    return {"source": source, "dims": _walk(shape, single), "dst": [_slice(d) for d in range(len(shape))], "src": src}
 
 
 def _tile_size(piece: dict, axis: str) -> int:
@@ -32,6 +69,10 @@ def _tile_size(piece: dict, axis: str) -> int:
         if d["axis"] == axis:
             size *= d["chunk"]
     return size
+
+
+def _dma_count(piece: dict) -> int:
+    return math.prod(-(-d["extent"] // d["chunk"]) for d in piece["dims"])
 
 
 def _fill_pieces(out_shape, inner_lo, inner_hi) -> list[dict]:
@@ -58,29 +99,57 @@ def _fill_pieces(out_shape, inner_lo, inner_hi) -> list[dict]:
     return pieces
 
 
-def _spec(node: fx.Node, inputs: list, pieces: list[dict], fill=None, inplace: bool = False) -> KernelSpec:
+def _spec(node: fx.Node, inputs: list, pieces: list[dict], fill=None, inplace: bool = False,
+          dst_view=None) -> KernelSpec:
+    """`dst_view`: the shape the pieces see the (fresh, contiguous) output as, if not its own."""
     out = val(node)
     if out.dtype in (torch.float64, torch.complex64, torch.complex128):
         raise Unsupported(f"dtype {out.dtype} has no on-chip equivalent")
-    if out.dim() == 0:
-        raise Unsupported("0-d data movement")
     pieces = [p for p in pieces if all(d["extent"] > 0 for d in p["dims"])]
+    dmas = sum(_dma_count(p) for p in pieces)
+    if dmas > MAX_DMAS:
+        raise Unsupported(f"{dmas} DMAs (more than {MAX_DMAS}: too many indices walked one at a time)")
     fills = [p for p in pieces if p["source"] is None]
     fill_tile = tuple(max(_tile_size(p, axis) for p in fills) for axis in "pf") if fills else None
     if fills:
         fill = int(fill) if out.dtype == torch.bool or not out.dtype.is_floating_point else float(fill)
-    params = {"pieces": pieces, "fill": fill, "fill_tile": fill_tile, "inplace": inplace}
+    params = {"pieces": pieces, "fill": fill, "fill_tile": fill_tile, "inplace": inplace,
+              "dst_view": tuple(dst_view) if dst_view is not None else None}
     return KernelSpec("copy", params, inputs, [node], inplace={0: 0} if inplace else {})
+
+
+def _check_cast(src: torch.dtype, dst: torch.dtype) -> None:
+    """A DMA converts through fp32 and rounds to nearest: exact for these casts only."""
+    if src == dst or dst.is_floating_point or dst == torch.bool:
+        return
+    if src == torch.bool or (src in (torch.int32, torch.int64) and dst in (torch.int32, torch.int64)):
+        return  # (int64 graph values are int32 in the kernels)
+    raise Unsupported(f"copy casting {src} to {dst} (a DMA rounds instead of truncating / wrapping)")
+
+
+def _lower_copy(node: fx.Node, inplace: bool) -> KernelSpec:
+    dst, src = node.args[0], node.args[1]
+    if not isinstance(src, fx.Node):
+        raise Unsupported("copy from a Python scalar")
+    if val(src).dtype in (torch.float64, torch.complex64, torch.complex128):
+        raise Unsupported(f"source dtype {val(src).dtype} has no on-chip equivalent")
+    _check_cast(val(src).dtype, val(dst).dtype)
+    inputs = [dst, src] if inplace else [src]
+    piece = _broadcast_piece(val(dst).shape, val(src).shape, len(inputs) - 1)
+    return _spec(node, inputs, [piece], inplace=inplace)
 
 
 @register_lowering(aten.copy_.default)
 def lower_copy_(node: fx.Node) -> KernelSpec:
-    """copy_(dst, src): the kernel writes src into its input 0 and returns nothing."""
-    dst, src = node.args[0], node.args[1]
-    if not isinstance(src, fx.Node) or val(src).shape != val(dst).shape:
-        raise Unsupported("copy_ from a broadcast source (expand it on the host first)")
-    shape = val(dst).shape
-    return _spec(node, [dst, src], [_piece(shape, [0] * len(shape), 1)], inplace=True)
+    """copy_(dst, src): the kernel writes src (broadcast, cast) into its input 0 and returns nothing."""
+    return _lower_copy(node, inplace=True)
+
+
+@register_lowering(aten.copy.default)
+def lower_copy(node: fx.Node) -> KernelSpec:
+    """copy(dst, src): a new tensor like dst holding src broadcast to dst's shape, cast to its dtype
+    (dst's values are not read, so the kernel takes src only)."""
+    return _lower_copy(node, inplace=False)
 
 
 @register_lowering(aten.cat.default)
@@ -119,10 +188,8 @@ def lower_constant_pad_nd(node: fx.Node) -> KernelSpec:
         lo[d], src_lo[d] = max(before, 0), max(-before, 0)
         src_hi[d] = x.shape[d] - max(-after, 0)
         hi[d] = lo[d] + max(src_hi[d] - src_lo[d], 0)
-    if any(s != 0 for s in src_lo) or any(h != s for h, s in zip(src_hi, x.shape)):
-        raise Unsupported("constant_pad_nd with negative (cropping) pads")
     pieces = _fill_pieces(list(val(node).shape), lo, hi)
-    pieces.append(_piece(list(x.shape), lo, 0))
+    pieces.append(_piece([h - l for l, h in zip(lo, hi)], lo, 0, src_lo))
     return _spec(node, [node.args[0]], pieces, fill=value)
 
 
@@ -134,15 +201,51 @@ def lower_slice_scatter(node: fx.Node) -> KernelSpec:
     dim = int(arg(node, 2, "dim", 0)) % rank
     start = arg(node, 3, "start")  # the end is implied by the source's extent
     step = int(arg(node, 5, "step", 1))
-    if step != 1:
-        raise Unsupported("slice_scatter with a step")
     start = 0 if start is None else int(start)
     start = min(max(start + shape[dim] if start < 0 else start, 0), shape[dim])
+    count = int(val(src).shape[dim])
     lo = [0] * rank
     lo[dim] = start
     hi = shape.copy()
-    hi[dim] = start + int(val(src).shape[dim])
-    # the base everywhere outside the slice (read in place), the source inside it
-    pieces = [{**box, "source": 0, "source_offsets": box["offsets"]} for box in _fill_pieces(shape, lo, hi)]
-    pieces.append(_piece(list(val(src).shape), lo, 1))
+    hi[dim] = start + max(count - 1, 0) * step + min(count, 1)
+    # the base everywhere outside the slice (read in place), the source inside it: outside means
+    # before / after the slice's span, and the gaps between its elements (step > 1)
+    pieces = [{**box, "source": 0, "src": box["dst"]} for box in _fill_pieces(shape, lo, hi)]
+    steps = [1] * rank
+    steps[dim] = step
+    for gap in range(1, step):
+        gap_shape, gap_lo = shape.copy(), lo.copy()
+        gap_shape[dim], gap_lo[dim] = count - 1, start + gap
+        if count > 1:
+            pieces.append(_piece(gap_shape, gap_lo, 0, gap_lo, steps, steps))
+    pieces.append(_piece(list(val(src).shape), lo, 1, steps=steps))
     return _spec(node, [base, src], pieces)
+
+
+@register_lowering(aten.flip.default)
+def lower_flip(node: fx.Node) -> KernelSpec:
+    x = val(node.args[0])
+    rank = x.dim()
+    flipped = {int(d) % max(rank, 1) for d in arg(node, 1, "dims")}
+    flipped = {d for d in flipped if x.shape[d] > 1}  # mirroring one index moves nothing
+    shape = list(x.shape)
+    piece = {"source": 0, "dims": _walk(shape, flipped), "dst": [_slice(d) for d in range(rank)],
+             "src": [_slice(d, mode="flip" if d in flipped else "same") for d in range(rank)]}
+    return _spec(node, [node.args[0]], [piece])
+
+
+@register_lowering(aten.repeat.default)
+def lower_repeat(node: fx.Node) -> KernelSpec:
+    """The output seen as [r0, s0, r1, s1, ...] (repeats interleaved with the input's padded
+    shape) is the input broadcast along the repeat dims."""
+    x = val(node.args[0])
+    repeats = [int(r) for r in arg(node, 1, "repeats")]
+    lead = len(repeats) - x.dim()
+    if lead < 0:
+        raise Unsupported("repeat with fewer repeats than dims")
+    padded = [1] * lead + list(x.shape)
+    view = [n for pair in zip(repeats, padded) for n in pair]
+    src = [_slice(2 * (lead + k) + 1) for k in range(x.dim())]
+    repeat_dims = set(range(0, len(view), 2))
+    piece = {"source": 0, "dims": _walk(view, repeat_dims), "dst": [_slice(d) for d in range(len(view))], "src": src}
+    return _spec(node, [node.args[0]], [piece], dst_view=view)

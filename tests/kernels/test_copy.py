@@ -1,4 +1,5 @@
-"""Data-movement kernels (cat, constant_pad_nd, slice_scatter, copy_) in the NKI interpreter.
+"""Data-movement kernels (cat, constant_pad_nd, slice_scatter, copy, copy_, flip, repeat) in the NKI
+interpreter.
 
 Copies are exact: results must equal eager bit for bit, for fp32, bf16 and int64 data.
 """
@@ -13,7 +14,7 @@ import torch
 from neuron_inductor.lowering.ir import Unsupported
 from neuron_inductor.lowering.registry import LOWERINGS
 
-from .harness import aten_graph, run_lowered
+from .harness import aten_graph, last_node, op_graph, run_lowered, run_node
 
 aten = torch.ops.aten
 F = torch.nn.functional
@@ -47,7 +48,11 @@ def test_cat_of_views_reads_through_strides():
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("shape,pad", [((5, 300), (1, 2)), ((130, 9), (0, 3, 2, 0)), ((2, 3, 4), (1, 1, 1, 1, 1, 1)),
-                                       ((4, 9000), (0, 200))], ids=str)
+                                       ((4, 9000), (0, 200)),
+                                       # negative pads crop: alone, mixed with padding, down to nothing
+                                       ((5, 300), (-1, -2)), ((130, 9), (-3, 2, 4, -129)),
+                                       ((2, 3, 200), (5, -100, -1, 0, 0, 1)), ((4, 5), (-5, 2)), ((4, 5), (-2, -3))],
+                         ids=str)
 def test_constant_pad_nd(shape, pad, dtype):
     value = -2.5 if dtype.is_floating_point else 7
     check(lambda t: F.pad(t, pad, value=value), [make(shape, dtype)], aten.constant_pad_nd.default)
@@ -63,31 +68,101 @@ def test_constant_pad_nd_with_a_non_finite_value(value, dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("shape,dim,start,end", [((6, 300), 1, 10, 140), ((300, 5), 0, 0, 129), ((3, 4, 5), 2, 3, 5),
-                                                 ((4, 9), 1, -4, None)], ids=str)
-def test_slice_scatter(shape, dim, start, end, dtype):
+@pytest.mark.parametrize("shape,dim,start,end,step", [
+    ((6, 300), 1, 10, 140, 1), ((300, 5), 0, 0, 129, 1), ((3, 4, 5), 2, 3, 5, 1), ((4, 9), 1, -4, None, 1),
+    ((6, 300), 1, 10, 140, 3), ((300, 5), 0, 0, None, 2), ((3, 4, 5), 2, 1, 5, 2), ((4, 9), 1, -4, None, 3),
+    ((4, 9), 1, 2, None, 10), ((260, 3), 0, 1, 259, 2), ((2, 9000), 1, 0, None, 7)], ids=str)
+def test_slice_scatter(shape, dim, start, end, step, dtype):
     base = make(shape, dtype)
     src_shape = list(shape)
-    src_shape[dim] = len(range(shape[dim])[start:end])
+    src_shape[dim] = len(range(shape[dim])[start:end:step])
     src = make(src_shape, dtype)
-    check(lambda b, s: torch.slice_scatter(b, s, dim, start, end), [base, src], aten.slice_scatter.default)
+    check(lambda b, s: torch.slice_scatter(b, s, dim, start, end, step), [base, src], aten.slice_scatter.default)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_copy_into_input_is_in_place(dtype):
-    """KV-cache style: copy_ writes the kernel's input 0 and returns nothing."""
-    cache, update = torch.zeros(4, 300, dtype=dtype), torch.randn(4, 300)
-    gm = aten_graph(lambda c, u: c.copy_(u), cache.clone(), update)
-    node = next(n for n in gm.graph.nodes if n.target is aten.copy_.default)
-    spec = LOWERINGS[node.target](node)
-    assert spec.inplace == {0: 0}
+def test_slice_scatter_with_a_step_reads_a_non_contiguous_source():
+    base, src = torch.randn(6, 300), torch.randn(49, 6)  # 49 = len(range(7, 300, 6))
+    check(lambda b, s: torch.slice_scatter(b, s.t(), 1, 7, None, 6), [base, src], aten.slice_scatter.default)
+
+
+def copy_node(dst: torch.Tensor, src: torch.Tensor):
+    """A graph calling the functional aten.copy(dst, src) (make_fx would keep it, but no Python API
+    makes it alone) and its args."""
+    return op_graph(aten.copy.default, dst, src)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dst_shape,src_shape", [
+    ((5, 300), (5, 300)), ((130, 200), (130, 1)), ((5, 300), (300,)), ((2, 3, 200), (1, 3, 1)),
+    ((2, 3, 7), (7,)), ((129, 1), (1,)), ((4, 1, 9000), (4, 1, 1)), ((0, 5), (5,)), ((3,), ()), ((), ())], ids=str)
+def test_copy_broadcasts_the_source(dst_shape, src_shape, dtype):
+    gm, tensors = copy_node(make(dst_shape, dtype), make(src_shape, dtype))
+    (out,), (ref,), _ = run_node(gm, tensors, aten.copy.default)
+    assert out.dtype == ref.dtype and torch.equal(out, ref)
+
+
+@pytest.mark.parametrize("src_dtype,dst_dtype", [
+    (torch.float32, torch.bfloat16), (torch.bfloat16, torch.float32), (torch.int64, torch.float32),
+    (torch.int64, torch.bfloat16), (torch.bool, torch.float32), (torch.float32, torch.bool),
+    (torch.bool, torch.int64), (torch.int32, torch.int64)], ids=str)
+def test_copy_casts_to_the_destination_dtype(src_dtype, dst_dtype):
+    src = make((130, 1), src_dtype) if src_dtype != torch.bool else torch.rand(130, 1) > 0.5
+    if src_dtype.is_floating_point:  # exact zeros, NaN, infinities and values that round in bf16
+        src[:6, 0] = torch.tensor([0.0, -0.0, math.nan, math.inf, -math.inf, 1 + 2 ** -10])
+    gm, tensors = copy_node(torch.zeros(130, 7, dtype=dst_dtype), src)
+    (out,), (ref,), _ = run_node(gm, tensors, aten.copy.default)
+    assert out.dtype == ref.dtype
+    torch.testing.assert_close(out, ref, rtol=0, atol=0, equal_nan=True)
+
+
+def test_copy_reads_a_strided_source():
+    src = torch.randn(200, 130)
+    check(lambda d, s: aten.copy(d, s.t()), [torch.zeros(130, 200), src], aten.copy.default)
+
+
+def test_copy_into_input_broadcasts_and_casts():
+    cache, update = torch.zeros(3, 4, 300, dtype=torch.bfloat16), torch.randn(4, 1)
     results, _, inputs = run_lowered(lambda c, u: c.copy_(u), [cache.clone(), update], aten.copy_.default)
-    assert results == []
-    assert torch.equal(inputs[0], update.to(dtype))
+    assert results == [] and torch.equal(inputs[0], update.to(torch.bfloat16).expand(3, 4, 300))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape,dims", [((5, 300), (1,)), ((130, 9), (0,)), ((130, 9), (0, 1)),
+                                        ((2, 3, 200), (0, 2)), ((2, 1, 129), (-2, -1)), ((7,), (0,)),
+                                        ((4, 9000), (0,)), ((3, 4), ()), ((), ())], ids=str)
+def test_flip(shape, dims, dtype):
+    check(lambda t: torch.flip(t, dims), [make(shape, dtype)], aten.flip.default)
+
+
+def test_flip_of_a_transposed_input():
+    check(lambda t: torch.flip(t.t(), (0,)), [torch.randn(9, 130)], aten.flip.default)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape,repeats", [((5, 300), (2, 1)), ((3,), (2, 2, 2)), ((130, 4), (1, 3)),
+                                           ((2, 3, 4), (1, 1, 1)), ((2, 1, 65), (2, 3, 2)), ((4, 5), (0, 2)),
+                                           ((1, 9000), (3, 1)), ((), ()), ((), (3, 2))], ids=str)
+def test_repeat(shape, repeats, dtype):
+    check(lambda t: t.repeat(repeats), [make(shape, dtype)], aten.repeat.default)
+
+
+def test_repeat_of_a_transposed_input():
+    check(lambda t: t.t().repeat(2, 3), [torch.randn(7, 130)], aten.repeat.default)
+
+
+def lowered(fn, *args, target):
+    node = next(n for n in aten_graph(fn, *args).graph.nodes if n.target is target)
+    return LOWERINGS[target](node)
+
+
+def lowered_copy(dst: torch.Tensor, src: torch.Tensor):
+    return LOWERINGS[aten.copy.default](last_node(copy_node(dst, src)[0], aten.copy.default))
 
 
 def test_unsupported_cases_raise():
-    gm = aten_graph(lambda t: F.pad(t, (-1, 2)), torch.randn(4, 5))
-    node = next(n for n in gm.graph.nodes if n.target is aten.constant_pad_nd.default)
-    with pytest.raises(Unsupported, match="negative"):
-        LOWERINGS[node.target](node)
+    with pytest.raises(Unsupported, match="truncating"):  # float -> int: a DMA would round
+        lowered_copy(torch.zeros(4, 5, dtype=torch.int32), torch.randn(4, 5))
+    with pytest.raises(Unsupported, match="on-chip"):
+        lowered_copy(torch.zeros(4, 5), torch.randn(4, 5, dtype=torch.float64))
+    with pytest.raises(Unsupported, match="DMAs"):  # every element of a 2-d flip is its own DMA
+        lowered(lambda t: torch.flip(t, (0, 1)), torch.randn(300, 300), target=aten.flip.default)
