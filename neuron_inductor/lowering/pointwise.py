@@ -35,7 +35,10 @@ tiles and stored as bool. `where` is an exact bit select (int32 views), not arit
 inf / NaN in the unselected branch never leak. floor / ceil / round / trunc go through an
 int32 conversion and are exact for every finite fp32 value. sin / cos reduce their argument to
 [-pi, pi] first (the ScalarE polynomial's range) with a two-constant Cody-Waite step; arguments
-beyond about 2**22 * 2 pi lose precision. Hardware activation ranges (nki-reference.md §1) still
+beyond about 2**22 * 2 pi lose precision. erfc / erfcx use Numerical Recipes' erfcc rational
+approximation (fractional error 1.2e-7, plus exp's rounding of arguments up to x * x: about 1e-5
+relative in erfc's far tail); cosh / sinh stay finite up to their fp32 overflow at |x| = 89.4.
+Hardware activation ranges (nki-reference.md §1) still
 apply to log (|x| in [2**-64, 2**64]), sqrt and rsqrt; division is reciprocal + multiply (one
 extra rounding), with a correction step before floor / trunc rounding modes.
 """
@@ -164,6 +167,10 @@ def _fold_unary(func: str, value: float) -> float:
 TWO_PI_HI = 6.28125              # 2 pi split for Cody-Waite reduction: k * TWO_PI_HI is exact in fp32
 TWO_PI_LO = 2 * math.pi - TWO_PI_HI
 ROUND_CLAMP = float(2 ** 30)     # |x| beyond this is an integer already; keeps the int32 cast in range
+# Numerical Recipes' erfcc: erfc(z) = t * exp(-z * z + P(t)), t = 1 / (1 + z / 2), z >= 0, P with
+# these coefficients (constant term first); fractional error below 1.2e-7 for every z.
+ERFC_COEFFICIENTS = (-1.26551223, 1.00002368, 0.37409196, 0.09678418, -0.18628806, 0.27886807, -1.13520398,
+                     1.48851587, -0.82215223, 0.17087277)
 
 
 class ProgramBuilder:
@@ -347,6 +354,29 @@ class ProgramBuilder:
             return self.act("sin", reduced, scale=-1.0, bias=math.pi / 2)
         return self.act("sin", reduced)
 
+    def expm1(self, x: Ref, scale: float = 1.0, dtype: str | None = None) -> Ref:
+        """expm1(x * scale) = tanh(x * scale / 2) * (exp(x * scale) + 1): no cancellation near 0,
+        exact limits at +-inf."""
+        half_tanh = self.act("tanh", x, scale=0.5 * scale, dtype="float32")
+        return self.stt(self.act("exp", x, scale=scale, dtype="float32"), "add", 1.0, "multiply", half_tanh, dtype)
+
+    def cosh(self, x: Ref) -> Ref:
+        """cosh(x) = exp(|x| - ln 2) + exp(-|x| - ln 2): finite wherever cosh is (e**|x| alone
+        overflows from |x| = 88.7, cosh from 89.4)."""
+        magnitude = self.act("abs", x, dtype="float32")
+        half_grow = self.act("exp", magnitude, bias=-math.log(2.0), dtype="float32")
+        half_decay = self.act("exp", magnitude, scale=-1.0, bias=-math.log(2.0), dtype="float32")
+        return self.alu("add", half_grow, half_decay, "float32")
+
+    def erfc_factors(self, x: Ref) -> tuple[Ref, Ref, Ref]:
+        """(|x|, t, Q) of erfc(|x|) = t * exp(-x * x + c0 + Q) (ERFC_COEFFICIENTS, c0 their first)."""
+        magnitude = self.act("abs", x, dtype="float32")
+        t = self.recip(self.ts(magnitude, "multiply", 0.5, "add", 1.0, dtype="float32"), dtype="float32")
+        q = self.ts(t, "multiply", ERFC_COEFFICIENTS[-1], dtype="float32")
+        for coefficient in reversed(ERFC_COEFFICIENTS[1:-1]):  # Horner: q = (q + c) * t
+            q = self.stt(q, "add", coefficient, "multiply", t, "float32")
+        return magnitude, t, q
+
 
 def constant_scalar(node: fx.Node):
     """The value of a 0-d constant node (scalar_tensor, full([], v)), else None."""
@@ -467,10 +497,19 @@ def _exp2(b, a):
 
 @_handles(aten.expm1.default)
 def _expm1(b, a):
-    # expm1(x) = tanh(x/2) * (exp(x) + 1): no cancellation near 0, exact limits at +-inf.
+    return b.expm1(b.ref(a["self"]))
+
+
+@_handles(aten.elu.default)
+def _elu(b, a):
+    # scale * max(x, 0) + alpha * scale * expm1(min(x, 0) * input_scale): the exponential only
+    # sees x <= 0, so no branch overflows (selu and elu arrive here; celu decomposes to expm1).
     x = b.ref(a["self"])
-    half_tanh = b.act("tanh", x, scale=0.5, dtype="float32")
-    return b.stt(b.act("exp", x, dtype="float32"), "add", 1.0, "multiply", half_tanh)
+    alpha, scale, input_scale = float(a["alpha"]), float(a["scale"]), float(a["input_scale"])
+    negative = b.ts(x, "minimum", 0.0, dtype="float32")
+    decay = b.expm1(negative, input_scale, "float32")
+    positive = b.ts(x, "maximum", 0.0, "multiply", scale, dtype="float32")
+    return b.stt(decay, "multiply", alpha * scale, "add", positive)
 
 
 @_handles(aten.log1p.default)
@@ -510,12 +549,60 @@ def _cos(b, a):
     return b.sin(b.ref(a["self"]), cosine=True)
 
 
+@_handles(aten.cosh.default)
+def _cosh(b, a):
+    return b.cosh(b.ref(a["self"]))
+
+
+@_handles(aten.sinh.default)
+def _sinh(b, a):
+    # sinh(x) = tanh(x) * cosh(x): accurate near 0 (no e**x - e**-x cancellation), finite up to 89.4
+    x = b.ref(a["self"])
+    return b.alu("multiply", b.act("tanh", x, dtype="float32"), b.cosh(x))
+
+
+@_handles(aten.erfc.default)
+def _erfc(b, a):
+    # erfc(x) for x >= 0 from erfc_factors; erfc(x) = 2 - erfc(-x) below 0, as
+    # erfc(|x|) * (1 - 2s) + 2s with s = (x < 0): exact where s = 0
+    x = b.ref(a["self"])
+    magnitude, t, q = b.erfc_factors(x)
+    exponent = b.stt(b.alu("multiply", magnitude, magnitude, "float32"), "multiply", -1.0, "add", q, "float32")
+    tail = b.alu("multiply", t, b.act("exp", exponent, bias=ERFC_COEFFICIENTS[0], dtype="float32"), "float32")
+    minus_2s = b.ts(x, "less", 0.0, "multiply", -2.0, dtype="float32")
+    flipped = b.stt(minus_2s, "add", 1.0, "multiply", tail, "float32")
+    return b.stt(minus_2s, "multiply", -1.0, "add", flipped)
+
+
+@_handles(aten.special_erfcx.default)
+def _erfcx(b, a):
+    # erfcx(x) = exp(x * x) * erfc(x) = t * exp(c0 + Q) for x >= 0 (no overflow, no underflow);
+    # 2 * exp(x * x) - erfcx(-x) below 0, as erfcx(|x|) * (1 - 2s) + 2s * exp(min(x, 0)**2)
+    x = b.ref(a["self"])
+    _, t, q = b.erfc_factors(x)
+    scaled_tail = b.alu("multiply", t, b.act("exp", q, bias=ERFC_COEFFICIENTS[0], dtype="float32"), "float32")
+    minus_2s = b.ts(x, "less", 0.0, "multiply", -2.0, dtype="float32")
+    flipped = b.stt(minus_2s, "add", 1.0, "multiply", scaled_tail, "float32")
+    negative = b.ts(x, "minimum", 0.0, dtype="float32")
+    growth = b.act("exp", b.alu("multiply", negative, negative, "float32"), dtype="float32")
+    return b.alu("subtract", flipped, b.alu("multiply", minus_2s, growth, "float32"))
+
+
 @_handles(aten.floor.default, aten.ceil.default, aten.round.default, aten.trunc.default)
 def _integral(b, a):
     x = b.ref(a["self"])
     if b.dtype_of(x) == "int32" or b.node_dtype == "int32":
         return x  # integers are integral already
     return b.integral(x, a["__op__"].__name__.split(".")[-1])
+
+
+@_handles(aten.round.decimals)
+def _round_decimals(b, a):
+    # eager: nearbyint(x * 10**d) / 10**d in fp32 (bf16 too); the division is reciprocal + multiply
+    # (one extra rounding)
+    ten_pow = float(torch.tensor(10.0 ** a["decimals"], dtype=torch.float32))
+    scaled = b.ts(b.ref(a["self"]), "multiply", ten_pow, dtype="float32")
+    return b.div(b.integral(scaled, "round"), ten_pow)
 
 
 @_handles(aten.pow.Tensor_Scalar)
@@ -656,6 +743,11 @@ def _accepts(node: fx.Node, a: dict) -> bool:
         return isinstance(a["self"], (int, float)) and a["self"] > 0
     if target is aten.pow.Tensor_Scalar:
         return isinstance(a["exponent"], (int, float))
+    if target is aten.round.decimals:
+        # negative decimals divide before rounding: reciprocal + multiply could move ties
+        return node.meta["val"].dtype.is_floating_point and a["decimals"] >= 0
+    if target is aten.elu.default:
+        return all(isinstance(a[k], (int, float)) for k in ("alpha", "scale", "input_scale"))
     return True
 
 

@@ -111,11 +111,21 @@ UNARY = {
     "gelu": (lambda x: F.gelu(x), randn, FP32_COMPOSED),
     "gelu_tanh": (lambda x: F.gelu(x, approximate="tanh"), randn, FP32_COMPOSED),
     "erf": (torch.erf, randn, FP32_COMPOSED),
+    "erfc": (torch.erfc, lambda *s, **k: randn(*s, scale=2, **k), FP32_COMPOSED),
+    "erfcx": (torch.special.erfcx, lambda *s, **k: randn(*s, scale=3, **k), FP32_COMPOSED),
+    "cosh": (torch.cosh, lambda *s, **k: randn(*s, scale=5, **k), FP32_COMPOSED),
+    "sinh": (torch.sinh, lambda *s, **k: randn(*s, scale=5, **k), FP32_COMPOSED),
+    "elu": (lambda x: F.elu(x), randn, FP32_COMPOSED),
+    "elu_alpha": (lambda x: F.elu(x, alpha=0.3), randn, FP32_COMPOSED),
+    "selu": (lambda x: F.selu(x), randn, FP32_COMPOSED),
+    "celu": (lambda x: F.celu(x, alpha=0.5), randn, FP32_COMPOSED),
     "sin": (torch.sin, angles, dict(rtol=1e-4, atol=1e-4)),
     "cos": (torch.cos, angles, dict(rtol=1e-4, atol=1e-4)),
     "floor": (torch.floor, lambda *s, **k: randn(*s, scale=50, **k), FP32),
     "ceil": (torch.ceil, lambda *s, **k: randn(*s, scale=50, **k), FP32),
     "round": (torch.round, lambda *s, **k: randn(*s, scale=50, **k), FP32),
+    "round_decimals_0": (lambda x: torch.round(x, decimals=0), lambda *s, **k: randn(*s, scale=50, **k), FP32),
+    "round_decimals_3": (lambda x: torch.round(x, decimals=3), lambda *s, **k: randn(*s, scale=50, **k), FP32),
     "trunc": (torch.trunc, lambda *s, **k: randn(*s, scale=50, **k), FP32),
     "clamp": (lambda x: x.clamp(-0.5, 0.5), randn, FP32),
     "clamp_min": (lambda x: x.clamp(min=-0.5), randn, FP32),
@@ -180,10 +190,40 @@ def test_unary_fp32(name):
 
 
 @pytest.mark.parametrize("name", ["exp", "silu", "gelu", "sigmoid", "rsqrt", "floor", "sin", "to_int32",
-                                  "masked_fill", "add_scalar"])
+                                  "masked_fill", "add_scalar", "erfc", "cosh", "sinh", "elu", "selu",
+                                  "round_decimals_3"])
 def test_unary_bf16(name):
     fn, make, _ = UNARY[name]
     check(fn, make(257, 96, dtype=torch.bfloat16), **BF16)
+
+
+EXTREMES = [0.0, -0.0, 1e-6, -1e-6, 1e-3, -0.7, 5.0, -5.0, 8.1, 9.0, -9.0, 9.5, 26.0, -30.0, 88.5, 89.0, 89.3,
+            -89.3, 90.0, 100.0, 1e30, math.inf, -math.inf, math.nan]
+
+
+@pytest.mark.parametrize("name", ["erfc", "erfcx", "cosh", "sinh", "elu", "selu"])
+def test_special_functions_at_extremes(name):
+    """Against float64 rounded to fp32, rtol 2e-5: erfc tails down to fp32's subnormals (and 0 past
+    them), erfcx where exp(x * x) overflows, cosh / sinh up to their fp32 overflow at 89.4 (eager's
+    vectorized CPU kernel already returns inf from 88.7), tiny sinh arguments (no cancellation),
+    and +-inf / NaN where each function has them."""
+    fn = UNARY[name][0]
+    x = torch.tensor(EXTREMES)
+    (out,), _ = run_kernel(fn, x)
+    expected = fn(x.double()).float()
+    assert torch.equal(out.isnan(), expected.isnan()) and torch.equal(out.isinf(), expected.isinf())
+    torch.testing.assert_close(out, expected, rtol=2e-5, atol=1e-40, equal_nan=True)
+
+
+def test_round_decimals_halves_and_unsupported_negative_decimals():
+    """Values whose x * 1000 lands on or next to k + 0.5 (the same fp32 product as eager's) round
+    half to even as eager's nearbyint does; negative decimals (division before the rounding) are
+    left to the host."""
+    x = torch.cat([torch.arange(-2000, 2000) / 1000 + 0.0005, torch.tensor([1e30, math.inf, -math.inf, math.nan])])
+    check(lambda t: torch.round(t, decimals=3), x, rtol=1e-6, atol=0.0)
+    graph = aten_graph(lambda t: torch.round(t, decimals=-2), x)
+    node = next(n for n in graph.graph.nodes if n.target is torch.ops.aten.round.decimals)
+    assert not pointwise.is_pointwise(node)
 
 
 @pytest.mark.parametrize("name", sorted(BINARY))
