@@ -1,15 +1,20 @@
 """Indexing (family `gather_scatter`): row gathers and scatter-adds through one-hot matmuls,
 and gathers / scatters along the last dim through lane masks.
 
-Row ops (`mode` "row_gather" / "row_scatter"): embedding, index_select(dim=0), index.Tensor with
-one index, embedding_dense_backward, index_put on dim 0. On hardware a row gather is an indirect
-DMA (`dma_copy` with `.ap(vector_offset=...)`); our interpreter has no indirect DMA, so the kernels
-use the TensorE formulation instead, which is exact and runs unchanged on the device but costs
-O(vocab) per token tile -- right for small tables, not for 100k-row vocabularies:
-  gather:       out[T, D]  = onehot(ids)[T, V] @ W[V, D]    (one-hot built transposed, [V, T])
-  scatter-add:  dW[V, D]  += onehot(ids)^T[V, T] @ dY[T, D]  (duplicates accumulate in PSUM)
-Token ids are compared in fp32 (exact below 2**24). Out-of-range ids match no row: a gather
-returns zeros and a scatter drops the row (PyTorch raises); negative ids are not wrapped.
+Row ops (`mode` "row_gather" / "row_scatter"): embedding, index_select, index.Tensor with integer
+index tensors on consecutive dims (broadcast against each other), embedding_dense_backward,
+index_put with one integer index on any dim (the static KV cache's write at dim 2 of
+[B, H, S, D]). The kernel views the table as [outer, rows, inner] (the dims before, at and after the
+indexed ones; several indexed dims flatten into one row number, sum(index_k * stride_k)) and the
+result as [outer, *ids, inner], and handles one outer index at a time. On hardware a row gather is
+an indirect DMA (`dma_copy` with `.ap(vector_offset=...)`); our interpreter has no indirect DMA, so
+the kernels use the TensorE formulation instead, which is exact and runs unchanged on the device
+but costs O(rows) per token tile -- right for small tables, not for 100k-row vocabularies:
+  gather:       out[T, I]  = onehot(ids)[T, V] @ W[V, I]    (one-hot built transposed, [V, T])
+  scatter-add:  dW[V, I]  += onehot(ids)^T[V, T] @ dY[T, I]  (duplicates accumulate in PSUM)
+Token ids are compared in fp32 (exact below 2**24). Negative ids count back from the end of their
+dim, as in eager; out-of-range ids match no row: a gather returns zeros and a scatter drops the row
+(PyTorch raises).
 
 Lane ops (`mode` "lane_gather" / "lane_scatter"): gather / scatter.value / scatter.src /
 scatter_add along the last dim with an index of the same leading shape (cross-entropy's
@@ -22,6 +27,8 @@ never happens). A gathered -0.0 may come back as +0.0.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 import torch.fx as fx
@@ -44,54 +51,102 @@ def _token_dims(ids_shape, width: int, width_limit: int) -> list[dict]:
     return [d.as_param() for d in walk_dims(shape, set(), p_group, [len(ids_shape)] if width > 1 else [], width_limit)]
 
 
-def _check_table(table: torch.Tensor, ids: torch.Tensor) -> None:
-    if table.dim() != 2:
-        raise Unsupported("row gathers / scatters of a table that is not 2-D")
-    if ids.dtype not in (torch.int64, torch.int32) or ids.dim() == 0:
-        raise Unsupported(f"indices of dtype {ids.dtype} and rank {ids.dim()}")
-    if table.shape[0] >= EXACT_INT_LIMIT:
-        raise Unsupported("more rows than fp32 compares exactly")
+def _row_dims(outer: int, ids_shape, inner: int, p_group=None) -> list[dict]:
+    """Walk of [outer, *ids_shape, inner] (a row op's result viewed around its ids): outer indices
+    one at a time, ids dims on partitions (`p_group`, default all of them), inner on the free axis."""
+    shape = [outer] + [int(s) for s in ids_shape] + [inner]
+    if p_group is None:
+        p_group = [1 + d for d, s in enumerate(ids_shape) if s > 1]
+    f_group = [len(shape) - 1] if inner > 1 else []
+    return [d.as_param() for d in walk_dims(shape, set(), p_group, f_group, PSUM_FMAX)]
+
+
+def _check_indices(indices: list[torch.Tensor]) -> None:
+    for i in indices:
+        if i.dtype not in (torch.int64, torch.int32):
+            raise Unsupported(f"indices of dtype {i.dtype}")
+
+
+def _row_params(mode: str, table: torch.Tensor, first: int, indices: list[torch.Tensor]) -> dict:
+    """Geometry of a row op on `table` indexed by `indices` on its dims first, first + 1, ...:
+    the table is viewed as [outer, rows, inner] (rows = the indexed dims flattened) and the result
+    as [outer, *ids, inner]."""
+    _check_indices(indices)
     if table.dtype not in (torch.float32, torch.bfloat16, torch.float16):
         raise Unsupported(f"table dtype {table.dtype}")
+    shape = [int(s) for s in table.shape] or [1]  # a 0-d table is one row
+    last = first + len(indices)
+    outer, rows, inner = math.prod(shape[:first]), math.prod(shape[first:last]), math.prod(shape[last:])
+    if rows >= EXACT_INT_LIMIT:
+        raise Unsupported("more rows than fp32 compares exactly")
+    ids_shape = torch.broadcast_shapes(*(i.shape for i in indices)) or torch.Size([1])  # a 0-d index: one id
+    if outer * rows * inner == 0 or math.prod(ids_shape) == 0:
+        raise Unsupported("a row op on an empty tensor")
+    if len(indices) == 1:
+        dims, strides = _row_dims(outer, ids_shape, inner), []
+    else:
+        # several broadcast index tensors: each tile covers part of the last ids dim, where an
+        # index either varies (a slice of it) or is broadcast (one value for the whole tile)
+        dims = _row_dims(outer, ids_shape, inner, [len(ids_shape)] if ids_shape[-1] > 1 else [])
+        strides = [math.prod(shape[d + 1:last]) for d in range(first, last)]
+    index_shapes = [[1] * (len(ids_shape) - i.dim()) + [int(s) for s in i.shape] for i in indices]
+    return {"mode": mode, "outer": outer, "rows": rows, "inner": inner, "dims": dims,
+            "index_shapes": index_shapes, "index_sizes": shape[first:last], "row_strides": strides}
 
 
-def _row_gather(node: fx.Node, table: fx.Node, ids: fx.Node) -> KernelSpec:
-    w, i = val(table), val(ids)
-    _check_table(w, i)
-    rows, width = int(w.shape[0]), int(w.shape[1])
-    params = {"mode": "row_gather", "rows": rows, "dims": _token_dims(i.shape, width, PSUM_FMAX)}
-    return KernelSpec("gather_scatter", params, [table, ids], [node], flops=2 * i.numel() * rows * width)
+def _row_gather(node: fx.Node, table: fx.Node, first: int, indices: list[fx.Node]) -> KernelSpec:
+    w, ids = val(table), [val(i) for i in indices]
+    params = _row_params("row_gather", w, first, ids)
+    tokens = math.prod(val(node).shape) // max(params["outer"] * params["inner"], 1)
+    flops = 2 * params["outer"] * tokens * params["rows"] * params["inner"]
+    return KernelSpec("gather_scatter", params, [table, *indices], [node], flops=flops)
 
 
 @register_lowering(aten.embedding.default)
 def lower_embedding(node: fx.Node) -> KernelSpec:
-    return _row_gather(node, node.args[0], node.args[1])
+    if val(node.args[0]).dim() != 2:
+        raise Unsupported("an embedding table that is not 2-D")
+    return _row_gather(node, node.args[0], 0, [node.args[1]])
 
 
 @register_lowering(aten.index_select.default)
 def lower_index_select(node: fx.Node) -> KernelSpec:
-    if int(arg(node, 1, "dim")) % max(val(node.args[0]).dim(), 1) != 0:
-        raise Unsupported("index_select along a dim other than 0")
-    return _row_gather(node, node.args[0], node.args[2])
+    table, index = node.args[0], node.args[2]
+    return _row_gather(node, table, int(arg(node, 1, "dim")) % max(val(table).dim(), 1), [index])
+
+
+def _indexed_dims(indices: list, what: str) -> tuple[int, list[fx.Node]]:
+    """(first indexed dim, index tensors) of an advanced-indexing list: integer index tensors on
+    consecutive dims, None elsewhere."""
+    present = [d for d, i in enumerate(indices) if i is not None]
+    if not present or present != list(range(present[0], present[-1] + 1)):
+        raise Unsupported(f"{what} with index tensors that are not on consecutive dims")
+    tensors = [indices[d] for d in present]
+    if any(val(i).dtype == torch.bool for i in tensors):
+        raise Unsupported(f"{what} with a boolean mask")
+    return present[0], tensors
 
 
 @register_lowering(aten.index.Tensor)
 def lower_index(node: fx.Node) -> KernelSpec:
-    indices = list(node.args[1])
-    if len(indices) != 1 or indices[0] is None or val(indices[0]).dtype == torch.bool:
-        raise Unsupported("advanced indexing other than one integer index on dim 0")
-    return _row_gather(node, node.args[0], indices[0])
+    first, tensors = _indexed_dims(list(node.args[1]), "index")
+    return _row_gather(node, node.args[0], first, tensors)
 
 
-def _row_scatter(node, base, ids, values, rows: int, width: int, accumulate: bool, padding_idx: int) -> KernelSpec:
-    i, v = val(ids), val(values)
-    if tuple(v.shape) != tuple(i.shape) + (width,):
-        raise Unsupported("scattered values that do not have the index's shape plus one row")
-    _check_table(val(node), i)
-    params = {"mode": "row_scatter", "rows": rows, "dims": _token_dims(i.shape, width, PSUM_FMAX),
-              "accumulate": accumulate, "padding_idx": padding_idx, "has_base": base is not None}
+def _row_scatter(node, base, first: int, ids, values, accumulate: bool, padding_idx: int) -> KernelSpec:
+    """Rows of values [outer, *ids, inner] summed (accumulate) or placed into [outer, rows, inner]."""
+    i, v, out = val(ids), val(values), val(node)
+    params = _row_params("row_scatter", out, first, [i])
+    expected = tuple(out.shape[:first]) + tuple(i.shape) + tuple(out.shape[first + 1:])
+    # values may differ from the indexed shape by size-1 dims only (same elements in the same order)
+    if [s for s in v.shape if s != 1] != [s for s in expected if s != 1]:
+        raise Unsupported("scattered values broadcast over the indexed shape")
+    if v.dtype != out.dtype:
+        raise Unsupported(f"scattered values of dtype {v.dtype} into {out.dtype}")
+    params.update(accumulate=accumulate, padding_idx=padding_idx, has_base=base is not None)
     inputs = [values, ids] + ([base] if base is not None else [])
-    return KernelSpec("gather_scatter", params, inputs, [node], flops=2 * i.numel() * rows * width)
+    flops = 2 * v.numel() * params["rows"]
+    return KernelSpec("gather_scatter", params, inputs, [node], flops=flops)
 
 
 @register_lowering(aten.embedding_dense_backward.default)
@@ -99,22 +154,21 @@ def lower_embedding_dense_backward(node: fx.Node) -> KernelSpec:
     grad, ids, num_weights, padding_idx, scale_grad_by_freq = node.args[:5]
     if scale_grad_by_freq:
         raise Unsupported("scale_grad_by_freq")
-    width = int(val(node).shape[1])
-    return _row_scatter(node, None, ids, grad, int(num_weights), width, True, int(padding_idx))
+    return _row_scatter(node, None, 0, ids, grad, True, int(padding_idx))
 
 
 @register_lowering(aten.index_put.default)
 def lower_index_put(node: fx.Node) -> KernelSpec:
-    """index_put(self[V, D], [ids], values[*ids, D], accumulate). Without accumulate the rows named
-    by ids are replaced; with duplicate ids PyTorch leaves the result unspecified (here: their sum)."""
-    base, indices, values = node.args[0], list(node.args[1]), node.args[2]
+    """index_put(self, [None, ..., ids], values, accumulate): one integer index on any dim (the
+    static KV cache's `cache.index_copy_(2, cache_position, states)`). Without accumulate the rows
+    named by ids are replaced; with duplicate ids PyTorch leaves the result unspecified (here:
+    their sum)."""
+    base, values = node.args[0], node.args[2]
     accumulate = bool(arg(node, 3, "accumulate", False))
-    if len(indices) != 1 or indices[0] is None or val(indices[0]).dtype == torch.bool:
-        raise Unsupported("index_put with other than one integer index on dim 0")
-    b = val(base)
-    if b.dim() != 2:
-        raise Unsupported("index_put into a tensor that is not 2-D")
-    return _row_scatter(node, base, indices[0], values, int(b.shape[0]), int(b.shape[1]), accumulate, -1)
+    first, tensors = _indexed_dims(list(node.args[1]), "index_put")
+    if len(tensors) != 1:
+        raise Unsupported("index_put with several index tensors")
+    return _row_scatter(node, base, first, tensors[0], values, accumulate, -1)
 
 
 # ---- lane ops: gather / scatter along the last dim ------------------------------------------------

@@ -195,3 +195,135 @@ def test_unsupported_cases_raise():
     node = next(n for n in gm.graph.nodes if n.target is aten.gather.default)
     with pytest.raises(Unsupported, match="last"):
         LOWERINGS[node.target](node)
+
+
+# ---- row ops on any dim of any rank: the table viewed as [outer, rows, inner] ----------------------
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("accumulate", [False, True])
+@pytest.mark.parametrize("shape,dim,positions", [
+    ((1, 4, 200, 64), 2, [0, 1, 2]),        # a static KV cache [B, H, S, D] written at 3 positions
+    ((2, 3, 130, 600), 2, [129, 5]),        # ragged row tiles, inner walked in 512-column chunks
+    ((2, 1, 7, 1), 2, [6]),                 # size-1 dims, one-element rows
+    ((5, 260), 1, [259, 0, 128, 3]),        # the last dim: rows of one element
+    ((3, 150, 2, 5), 1, list(range(140))),  # more ids than one partition tile
+], ids=str)
+def test_index_put_on_a_dim_other_than_0(shape, dim, positions, accumulate, dtype):
+    base = torch.randn(shape, dtype=dtype)
+    ids = torch.tensor(positions)
+    if accumulate:
+        ids[-1] = ids[0]  # a repeated position must add both values
+    values = torch.randn(*shape[:dim], len(positions), *shape[dim + 1:], dtype=dtype)
+    indices = [None] * dim + [ids]
+    fn = lambda b, i, v: aten.index_put(b, [None] * dim + [i], v, accumulate)  # noqa: E731
+    (out,), _, _ = run_lowered(fn, [base, ids, values], aten.index_put.default)
+    assert_close(out, aten.index_put(base.float(), indices, values.float(), accumulate).to(dtype))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_static_cache_index_copy_of_transposed_states(dtype):
+    """HF StaticCache: `k_out.index_copy_(2, cache_position, key_states)` with key_states a
+    [B, T, H, D] projection transposed to [B, H, T, D] (not contiguous)."""
+    cache, states = torch.zeros(2, 4, 16, 8, dtype=dtype), torch.randn(2, 3, 4, 8, dtype=dtype)
+    position = torch.tensor([5, 6, 7])
+    fn = lambda c, p, s: c.index_copy(2, p, s.transpose(1, 2))  # noqa: E731
+    (out,), (ref,), inputs = run_lowered(fn, [cache, position, states], aten.index_put.default)
+    assert not inputs[0].is_contiguous()
+    assert torch.equal(out, ref)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape,dim,ids_shape", [
+    ((4, 200, 3), 1, (5,)), ((6, 300), -1, (130,)), ((200,), 0, (7,)), ((2, 3, 70, 520), 2, (2, 4)),
+    ((3, 1, 5), 1, (2,)),
+], ids=str)
+def test_index_select_and_index_on_any_dim(shape, dim, ids_shape, dtype):
+    x = torch.randn(shape, dtype=dtype)
+    ids = torch.randint(0, shape[dim], ids_shape)
+    ids.view(-1)[0] = shape[dim] - 1
+    if len(ids_shape) == 1:
+        (out,), (ref,), _ = run_lowered(lambda t, i: torch.index_select(t, dim, i), [x, ids], aten.index_select.default)
+        assert torch.equal(out, ref)
+    (out,), (ref,), _ = run_lowered(lambda t, i: t[(slice(None),) * (dim % len(shape)) + (i,)], [x, ids], aten.index.Tensor)
+    assert torch.equal(out, ref)
+
+
+def test_index_select_of_a_transposed_table():
+    x = torch.randn(40, 9)
+    ids = torch.tensor([8, 0, 3])
+    (out,), (ref,), inputs = run_lowered(lambda t, i: torch.index_select(t.t(), 1, i), [x, ids], aten.index_select.default)
+    assert not inputs[0].is_contiguous()
+    assert torch.equal(out, ref)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("table_shape,first,index_shapes", [
+    ((3, 200), 0, [(3, 1), (200,)]),           # mask[b[:, None], s]: broadcast rows and columns
+    ((2, 5, 7), 0, [(4,), (4,)]),              # two same-shape indices, an inner dim left
+    ((2, 130, 6, 3), 1, [(2, 1, 1), (1, 130)]),  # indices after a sliced dim, ids walked past one tile
+    ((4, 9), 0, [(5, 1), (1, 1)]),             # the last ids dim broadcast: one token per tile
+], ids=str)
+def test_index_with_several_broadcast_indices(table_shape, first, index_shapes, dtype):
+    x = torch.randn(table_shape, dtype=dtype)
+    indices = [torch.randint(0, table_shape[first + k], s) for k, s in enumerate(index_shapes)]
+
+    def fn(t, *idx):
+        return t[(slice(None),) * first + idx]
+
+    (out,), (ref,), _ = run_lowered(fn, [x, *indices], aten.index.Tensor)
+    assert torch.equal(out, ref)
+
+
+@pytest.mark.parametrize("fn,args,match", [
+    (lambda t, i: t[i, :, i], (torch.randn(3, 4, 5), torch.tensor([0, 2])), "consecutive"),
+    (lambda t, m: t[m], (torch.randn(3, 4), torch.tensor([True, False, True])), "boolean"),
+    (lambda t, i: torch.index_select(t, 1, i), (torch.randn(3, 4), torch.zeros(0, dtype=torch.long)), "empty"),
+    (lambda t, i, v: aten.index_put(t, [None, i], v), (torch.randn(3, 4), torch.tensor([1]), torch.randn(1)),
+     "broadcast"),
+], ids=["apart", "mask", "empty", "broadcast-values"])
+def test_unsupported_row_ops_raise(fn, args, match):
+    gm = aten_graph(fn, *args)
+    node = next(n for n in gm.graph.nodes if n.target in (aten.index.Tensor, aten.index_select.default, aten.index_put.default))
+    with pytest.raises(Unsupported, match=match):
+        LOWERINGS[node.target](node)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_row_ops_of_a_0d_tensor_or_index(dtype):
+    """index_select / index_copy of a 0-d tensor (its one element is row 0), and 0-d indices."""
+    x, ids, value = torch.randn((), dtype=dtype), torch.tensor([0]), torch.randn((), dtype=dtype)
+    (out,), (ref,), _ = run_lowered(lambda t, i: torch.index_select(t, 0, i), [x, ids], aten.index_select.default)
+    assert torch.equal(out, ref)
+    (out,), (ref,), _ = run_lowered(lambda t, i, v: t.index_copy(0, i, v), [x, ids, value], aten.index_put.default)
+    assert torch.equal(out, ref)
+    x, one_id, column = torch.randn(4, 5, dtype=dtype), torch.tensor(3), torch.randn(4, dtype=dtype)
+    (out,), (ref,), _ = run_lowered(lambda t, i: torch.index_select(t, 1, i), [x, one_id], aten.index_select.default)
+    assert torch.equal(out, ref)
+    (out,), (ref,), _ = run_lowered(lambda t, i: aten.index(t, [None, i]), [x, one_id], aten.index.Tensor)
+    assert torch.equal(out, ref)
+    fn = lambda t, i, v: aten.index_put(t, [None, i], v)  # noqa: E731
+    (out,), (ref,), _ = run_lowered(fn, [x, one_id, column], aten.index_put.default)
+    assert torch.equal(out, ref)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_index_put_of_values_with_fewer_size_1_dims(dtype):
+    """values [5] into row [2] of a [5, 5] base (indexed shape [1, 5]): same elements, same order."""
+    base, ids, values = torch.randn(5, 5, dtype=dtype), torch.tensor([2]), torch.randn(5, dtype=dtype)
+    fn = lambda b, i, v: aten.index_put(b, [i], v)  # noqa: E731
+    (out,), (ref,), _ = run_lowered(fn, [base, ids, values], aten.index_put.default)
+    assert torch.equal(out, ref)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_negative_indices_count_from_the_end(dtype):
+    x, ids = torch.randn(3, 140, 4, dtype=dtype), torch.tensor([-1, 0, -140, 5])
+    (out,), (ref,), _ = run_lowered(lambda t, i: t[:, i], [x, ids], aten.index.Tensor)
+    assert torch.equal(out, ref)
+    rows = torch.tensor([[-1], [0], [-3]])
+    (out,), (ref,), _ = run_lowered(lambda t, i, j: t[i, j], [x, rows, ids], aten.index.Tensor)
+    assert torch.equal(out, ref)
+    values = torch.randn(3, 4, 4, dtype=dtype)
+    fn = lambda t, i, v: aten.index_put(t, [None, i], v, True)  # noqa: E731
+    (out,), _, _ = run_lowered(fn, [x, ids, values], aten.index_put.default)
+    assert_close(out, aten.index_put(x.float(), [None, ids], values.float(), True).to(dtype))
