@@ -79,6 +79,8 @@ CASES = {
     "softmax_fwd_bwd": Case(lambda x: (torch.softmax(x, 1), torch.log_softmax(x, 1)), _seq(grad=True), [(0, 1)]),
     "norm_over_length": Case(lambda x: (F.normalize(x, dim=1), torch.linalg.vector_norm(x, dim=1)),
                              _seq(grad=True), [(0, 1)]),
+    "norm_negative_orders": Case(lambda x: tuple(torch.linalg.vector_norm(x, ord=p, dim=1) for p in (-2, -0.5, -math.inf)),
+                                 _seq(), [(0, 1)]),
     "rms_norm_over_length": Case(lambda x: x * torch.rsqrt(x.pow(2).mean(1, keepdim=True) + 1e-6),
                                  _seq(grad=True), [(0, 1)]),
     "layer_norm_over_length_runs_unpadded": Case(

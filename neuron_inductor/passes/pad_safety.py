@@ -291,9 +291,11 @@ class _Rewriter:
             return self.variance(node)
         if target in SUM_LIKE:
             return self.reduction(node, SUM_LIKE[target])
-        if target is aten.linalg_vector_norm.default:  # |x| >= 0: zeros are neutral, except for min |x|
+        if target is aten.linalg_vector_norm.default:
+            # sum |x|**p: zeros are neutral for p >= 0; for p < 0 (and min |x|, p = -inf) |0|**p is
+            # inf, while the largest value adds ~0 (or never wins the min).
             order = node.args[1] if len(node.args) > 1 else node.kwargs.get("ord", 2)
-            return self.reduction(node, "max" if order == -math.inf else "zero")
+            return self.reduction(node, "max" if order < 0 else "zero")
         if target in (aten._softmax.default, aten._log_softmax.default):
             return self.mask_args(node, [(0, [node.args[1]], "min")], "padded logits -> -inf")
         if target is aten._softmax_backward_data.default:
