@@ -36,6 +36,41 @@ def _override(op):
     return register_decomposition(op, OVERRIDES)
 
 
+# Multi-tensor (foreach) ops, as clip_grad_norm_ and the foreach optimizers emit them, apply one op
+# to every tensor of a list. No kernel takes a tensor list: each becomes one op per tensor (list
+# arguments are taken element by element, everything else is shared).
+_FOREACH_PER_TENSOR = {
+    "add": aten.add, "sub": aten.sub, "mul": aten.mul, "div": aten.div, "lerp": aten.lerp,
+    "clamp_min": aten.clamp_min, "clamp_max": aten.clamp_max, "pow": aten.pow, "sqrt": aten.sqrt,
+    "neg": aten.neg, "abs": aten.abs, "exp": aten.exp, "reciprocal": aten.reciprocal, "sign": aten.sign,
+    "addcmul": lambda self, t1, t2, value=1: aten.addcmul(self, t1, t2, value=value),
+    "addcdiv": lambda self, t1, t2, value=1: aten.addcdiv(self, t1, t2, value=value),
+}
+# Overloads left alone: `out` variants (and addcmul / addcdiv's Tensor, one scalar per list entry).
+_FOREACH_SKIPPED = {"out", "Scalar_out", "List_out", "ScalarList_out", "Tensor_out"}
+
+
+def _per_tensor(fn):
+    def decomposition(*args, **kwargs):
+        count = next(len(a) for a in args if isinstance(a, (list, tuple)))
+        return [fn(*(a[i] if isinstance(a, (list, tuple)) else a for a in args), **kwargs) for i in range(count)]
+
+    return decomposition
+
+
+for _name, _fn in _FOREACH_PER_TENSOR.items():
+    _packet = getattr(aten, f"_foreach_{_name}")
+    for _overload in _packet.overloads():
+        if _overload in _FOREACH_SKIPPED or (_name in ("addcmul", "addcdiv") and _overload == "Tensor"):
+            continue
+        register_decomposition(getattr(_packet, _overload), OVERRIDES)(_per_tensor(_fn))
+
+
+@_override(aten._foreach_norm.Scalar)
+def _foreach_norm(tensors, ord=2, dtype=None):
+    return [aten.linalg_vector_norm.default(t, ord, None, False, dtype=dtype) for t in tensors]
+
+
 @functools.lru_cache(maxsize=None)
 def neuron_decompositions() -> dict:
     table = dict(core_aten_decompositions())

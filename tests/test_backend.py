@@ -192,6 +192,41 @@ def test_allocations_are_host_steps_not_fallbacks():
     assert not any("empty" in fallback["op"] for fallback in program["artifact"].meta["fallbacks"])
 
 
+def _mlp_with_grads():
+    torch.manual_seed(0)
+    model = MLP()
+    model(torch.randn(8, 48)).pow(2).sum().backward()
+    reference = copy.deepcopy(model)
+    for param, ref_param in zip(model.parameters(), reference.parameters()):
+        ref_param.grad = param.grad.clone()
+    return model, reference
+
+
+def test_clip_grad_norm_runs_in_kernels_like_eager():
+    """clip_grad_norm_'s foreach norm and scaling become per-tensor kernels (fallback='error')."""
+    model, reference = _mlp_with_grads()
+
+    def clip(params):
+        return torch.nn.utils.clip_grad_norm_(params, 0.5)
+
+    total = torch.compile(clip, backend="neuron", options={"fallback": "error"})(list(model.parameters()))
+    torch.testing.assert_close(total, clip(list(reference.parameters())), rtol=1e-5, atol=1e-6)
+    for param, ref_param in zip(model.parameters(), reference.parameters()):
+        torch.testing.assert_close(param.grad, ref_param.grad, rtol=1e-5, atol=1e-6)
+
+
+def test_compiled_foreach_adamw_step_runs_in_kernels_like_eager():
+    model, reference = _mlp_with_grads()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, foreach=True)
+    ref_optimizer = torch.optim.AdamW(reference.parameters(), lr=1e-2, foreach=True)
+    step = torch.compile(optimizer.step, backend="neuron", options={"fallback": "error"})
+    for _ in range(2):
+        step()
+        ref_optimizer.step()
+    for param, ref_param in zip(model.parameters(), reference.parameters()):
+        torch.testing.assert_close(param, ref_param, rtol=1e-5, atol=1e-6)
+
+
 def test_kv_cache_input_mutation_runs_in_place():
     cache = torch.zeros(2, 16, 8)
 
