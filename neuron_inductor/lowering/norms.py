@@ -1,5 +1,6 @@
 """Lowerings of the row-normalising ops: softmax / log_softmax, layer norm, RMS norm and
-cross-entropy (nll_loss), forward and backward.
+cross-entropy (nll_loss), forward and backward; and batch norm's forward (training and eval),
+which normalises per channel instead (`channel_layout`: channels on partitions).
 
 All of them reduce every row of a tensor over its trailing dims, so they share one layout: rows
 (the flattened leading dims) go to the 128 partitions and the reduced elements (the flattened
@@ -263,3 +264,82 @@ def lower_nll_loss_backward(node: fx.Node) -> KernelSpec:
         family="cross_entropy", params={"mode": "backward", **params},
         inputs=[grad_output, target, *divisor, *_optional_float(weight, "weight")],
         outputs=[node], flops=2 * math.prod(_shape(x)))
+
+
+# --- batch norm ----------------------------------------------------------------------------------
+
+# HBM reads per kernel above which the channel layout is too fragmented (a [N, C] input gives one
+# DMA per sample and channel tile): the node falls back instead of emitting that many DMAs.
+MAX_BATCH_NORM_DMAS = 16384
+
+
+def channel_layout(shape: tuple[int, ...], bytes_per_col: int) -> dict:
+    """Template params placing the channels (dim 1) of `shape` on partitions and every sample's
+    spatial positions on the free axis: columns n * S + s of an [N, C, S] view, in column chunks
+    whose live tiles take `bytes_per_col` bytes per column. A chunk is a list of pieces, each one
+    DMA of one sample's contiguous spatial run: {"n", "s": [start, stop], "at": [start, stop]}."""
+    batch, channels, spatial = shape[0], shape[1], math.prod(shape[2:])
+    if batch * channels * spatial == 0:
+        raise Unsupported("empty tensor")
+    col_chunks = []
+    for span in spans((batch, spatial), max(1, SBUF_BUDGET // bytes_per_col), CHUNK_ALIGN):
+        pieces = []
+        for box in span["boxes"]:
+            (n0, n1), (s0, s1) = box["index"]
+            at = box["at"][0]
+            for n in range(n0, n1):
+                pieces.append({"n": n, "s": [s0, s1], "at": [at, at + s1 - s0]})
+                at += s1 - s0
+        col_chunks.append({"size": span["size"], "pieces": pieces})
+    channel_tiles = [{"start": start, "size": size} for start, size in
+                     ((start, min(PARTITIONS, channels - start)) for start in range(0, channels, PARTITIONS))]
+    dmas = len(channel_tiles) * sum(len(chunk["pieces"]) for chunk in col_chunks)
+    if dmas > MAX_BATCH_NORM_DMAS:
+        raise Unsupported(f"{dmas} DMAs for {batch} samples of {spatial} positions (over {MAX_BATCH_NORM_DMAS})")
+    return {"batch": batch, "channels": channels, "spatial": spatial,
+            "channel_tiles": channel_tiles, "col_chunks": col_chunks}
+
+
+def _batch_norm_input(x: fx.Node) -> tuple[int, ...]:
+    _float_input(x, "input")
+    shape = _shape(x)
+    if len(shape) < 2:
+        raise Unsupported(f"{len(shape)}-d input (batch norm takes [N, C, ...])")
+    return shape
+
+
+@register_lowering(aten._native_batch_norm_legit_functional.default)
+def lower_batch_norm_training(node: fx.Node) -> KernelSpec:
+    x, weight, bias, running_mean, running_var, training, momentum, eps = node.args
+    if not training:
+        raise Unsupported("training=False (eval batch norm arrives as _native_batch_norm_legit_no_training)")
+    shape = _batch_norm_input(x)
+    count = shape[0] * math.prod(shape[2:])
+    if count < 2:
+        raise Unsupported("one value per channel: the unbiased running variance divides by zero")
+    # Live per column: x and y (fp32 worst case).
+    layout = channel_layout(shape, 8)
+    return KernelSpec(
+        family="batch_norm",
+        params={"mode": "train", "eps": float(eps), "momentum": float(momentum),
+                "unbias": count / (count - 1), "has_weight": weight is not None,
+                "has_bias": bias is not None, **layout},
+        inputs=[x, *_optional_float(running_mean, "running_mean"), *_optional_float(running_var, "running_var"),
+                *_optional_float(weight, "weight"), *_optional_float(bias, "bias")],
+        outputs=result_values(node), flops=10 * math.prod(shape))
+
+
+@register_lowering(aten._native_batch_norm_legit_no_training.default)
+def lower_batch_norm_eval(node: fx.Node) -> KernelSpec:
+    x, weight, bias, running_mean, running_var, _momentum, eps = node.args
+    shape = _batch_norm_input(x)
+    if any(user.args[1] != 0 for user in node.users):
+        raise Unsupported("its empty saved-statistics results are read")
+    layout = channel_layout(shape, 8)
+    return KernelSpec(
+        family="batch_norm",
+        params={"mode": "eval", "eps": float(eps), "has_weight": weight is not None,
+                "has_bias": bias is not None, **layout},
+        inputs=[x, *_optional_float(running_mean, "running_mean"), *_optional_float(running_var, "running_var"),
+                *_optional_float(weight, "weight"), *_optional_float(bias, "bias")],
+        outputs=result_values(node)[:1], flops=2 * math.prod(shape))
