@@ -272,7 +272,32 @@ NORM_CASES = [
               "512x32000 mean", torch.float32),
 ]
 
-KERNELS: dict[str, BenchCase] = {case.name: case for case in MATMUL_CASES + ATTENTION_CASES + NORM_CASES}
+# --- Convolution (lowering/convolution.py): implicit GEMM on TensorE --------------------------------
+
+
+def _conv2d(batch: int, channels: int, size: int, out_channels: int, kernel: int, dtype: torch.dtype,
+            backward: bool = False) -> Callable:
+    """conv2d stride 1 padding kernel // 2; backward: convolution_backward with every output."""
+    def build():
+        x = _randn(batch, channels, size, size, dtype=dtype)
+        w = _randn(out_channels, channels, kernel, kernel, dtype=dtype)
+        if not backward:
+            return (lambda x, w: torch.nn.functional.conv2d(x, w, padding=kernel // 2)), (x, w)
+        grad = _randn(batch, out_channels, size, size, dtype=dtype)
+        return ((lambda grad, x, w: aten.convolution_backward(grad, x, w, [out_channels], [1, 1], [kernel // 2] * 2,
+                                                              [1, 1], False, [0, 0], 1, [True, True, True])),
+                (grad, x, w))
+    return build
+
+
+CONV_CASES = [
+    BenchCase("conv2d_bf16_3x3", aten.convolution.default, _conv2d(8, 256, 32, 256, 3, torch.bfloat16),
+              "8x256x32x32 * 256x256x3x3", torch.bfloat16),
+    BenchCase("conv2d_bwd_bf16_3x3", aten.convolution_backward.default,
+              _conv2d(8, 256, 32, 256, 3, torch.bfloat16, backward=True), "8x256x32x32 * 256x256x3x3", torch.bfloat16),
+]
+
+KERNELS: dict[str, BenchCase] = {case.name: case for case in MATMUL_CASES + ATTENTION_CASES + NORM_CASES + CONV_CASES}
 
 
 def main(argv: list[str]) -> int:

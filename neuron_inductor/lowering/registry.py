@@ -30,6 +30,7 @@ LOWERING_MODULES = [
     "neuron_inductor.lowering.norms",
     "neuron_inductor.lowering.indexing",
     "neuron_inductor.lowering.copy",
+    "neuron_inductor.lowering.convolution",
 ]
 
 # Metadata-only ops: run on the host as torch views (no data moves; kernels read through strides).

@@ -1,0 +1,212 @@
+"""Convolution family: `convolution` (conv1d / conv2d, any stride / padding / dilation / groups, bias
+or not) and `convolution_backward` (grad_input, grad_weight, grad_bias as the output mask asks)
+-> `codegen_templates/convolution.py.j2`.
+
+Trainium has no convolution engine, so every pass is an implicit GEMM on TensorE with the
+contraction on partitions (see the template for the loops):
+- forward: contraction over input channels, one matmul per (channel tile, kernel tap) accumulated
+  in PSUM; the moving operand is a shifted, strided window of an SBUF patch of the input rows the
+  output block needs (zero padding written into the patch, never materialised in HBM);
+- grad_input: the same pass on grad_output with zeros inserted between its elements (stride) and
+  padding d * (k - 1) - p, contracting over output channels with the flipped taps (a transposed
+  convolution); the weight is already [out channels, in channels] so it needs no transpose;
+- grad_weight: contraction over batch * output positions, both operands transposed on TensorE;
+- grad_bias: a sum over batch and positions.
+Transposed convolutions, 3-d convolutions and mixed dtypes raise Unsupported (visible fallback).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.fx as fx
+
+from .common import bind_arguments, result_values, val
+from .ir import KernelSpec, Unsupported
+from .registry import register_lowering
+
+aten = torch.ops.aten
+
+P = 128
+PSUM_COLUMNS = 512  # fp32 columns of one PSUM bank: the largest output block of one accumulation
+# Per-partition SBUF bytes for the resident weight panel and for the input patch (of 192 KiB).
+PANEL_BYTES = 64 * 1024
+PATCH_BYTES = 48 * 1024
+ACCUMULATOR_BYTES = 64 * 1024  # grad_weight's fp32 accumulator (one row of the weight per partition)
+MAX_TILE_ELEMENTS = 32767  # an SBUF tile's elements per partition: the access pattern's int16 stride
+
+SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def _pair(values, rank: int) -> list[int]:
+    """A per-spatial-dim argument as [h, w] (h = 1 / 0 for 1-d convolutions)."""
+    values = list(values) * rank if len(values) == 1 else list(values)
+    return values if rank == 2 else [1, *values]
+
+
+def _geometry(x_shape, w_shape, stride, padding, dilation, groups) -> dict:
+    rank = len(x_shape) - 2
+    if rank not in (1, 2):
+        raise Unsupported(f"{rank}-d convolution (only 1-d and 2-d lower to kernels)")
+    if 0 in x_shape or 0 in w_shape:
+        raise Unsupported("empty convolution")
+    pad = _pair(padding, rank)
+    if rank == 1:
+        pad[0] = 0
+    geometry = {
+        "rank": rank, "batch": x_shape[0], "in_channels": x_shape[1], "out_channels": w_shape[0],
+        "groups": groups, "in_size": _pair(x_shape[2:], rank), "kernel": _pair(w_shape[2:], rank),
+        "stride": _pair(stride, rank), "padding": pad, "dilation": _pair(dilation, rank),
+    }
+    geometry["span"] = [(k - 1) * d + 1 for k, d in zip(geometry["kernel"], geometry["dilation"])]
+    geometry["out_size"] = [(i + 2 * p - s) // st + 1 for i, p, s, st in
+                            zip(geometry["in_size"], pad, geometry["span"], geometry["stride"])]
+    if min(geometry["out_size"]) <= 0:
+        raise Unsupported("convolution with an empty output")
+    return geometry
+
+
+def _check_dtypes(*values: torch.Tensor) -> torch.dtype:
+    dtype = values[0].dtype
+    if dtype not in SUPPORTED_DTYPES or any(v.dtype != dtype for v in values):
+        raise Unsupported(f"convolution of {[str(v.dtype) for v in values]} (TensorE takes one fp32/bf16/fp16 dtype)")
+    return dtype
+
+
+def _output_blocks(out_size: list[int], max_positions: int, patch_elements, itemsize: int) -> tuple[int, int]:
+    """(rows, columns) of an output block: at most `max_positions` outputs and a patch
+    (`patch_elements(rows, cols)` elements per partition) within the SBUF budget."""
+    cols = min(out_size[1], max_positions)
+    rows = min(out_size[0], max(1, max_positions // cols))
+    while patch_elements(rows, cols) > MAX_TILE_ELEMENTS or patch_elements(rows, cols) * itemsize > PATCH_BYTES:
+        if rows > 1:
+            rows = (rows + 1) // 2
+        elif cols > 1:
+            cols = (cols + 1) // 2
+        else:
+            raise Unsupported("convolution input patch of one output exceeds the SBUF budget")
+    return rows, cols
+
+
+def _window_pass(kind: str, g: dict, dtype: torch.dtype, in_size, in_dil, pad_lo, stride, out_size,
+                 max_positions: int) -> dict:
+    """The geometry every pass reading a patch of its source shares (forward, grad_input, grad_weight)."""
+    group_k = g["in_channels"] // g["groups"] if kind != "grad_input" else g["out_channels"] // g["groups"]
+    k_tiles = math.ceil(group_k / P)
+    itemsize = torch.empty((), dtype=dtype).element_size()
+
+    def patch_elements(rows, cols):
+        return k_tiles * ((rows - 1) * stride[0] + g["span"][0]) * ((cols - 1) * stride[1] + g["span"][1])
+
+    block_rows, block_cols = _output_blocks(out_size, max_positions, patch_elements, itemsize)
+    return {
+        "batch": g["batch"], "groups": g["groups"],
+        "group_k": group_k, "k_tiles": k_tiles, "taps": g["kernel"][0] * g["kernel"][1], "kernel": g["kernel"],
+        "stride": list(stride), "dilation": g["dilation"], "pad_lo": list(pad_lo), "in_dil": list(in_dil),
+        "in_size": list(in_size), "out_size": list(out_size), "span": g["span"],
+        "block_rows": block_rows, "block_cols": block_cols,
+        "patch_rows": (block_rows - 1) * stride[0] + g["span"][0],
+        "patch_cols": (block_cols - 1) * stride[1] + g["span"][1],
+    }
+
+
+def _conv_pass(g: dict, dtype: torch.dtype, grad_input: bool) -> dict:
+    """Forward convolution, or (grad_input) the transposed convolution of grad_output."""
+    if grad_input:
+        pad_lo = [d * (k - 1) - p for d, k, p in zip(g["dilation"], g["kernel"], g["padding"])]
+        c = _window_pass("grad_input", g, dtype, g["out_size"], g["stride"], pad_lo, [1, 1], g["in_size"],
+                         PSUM_COLUMNS)
+        c.update(weight="km", group_m=g["in_channels"] // g["groups"], m=g["in_channels"])
+    else:
+        c = _window_pass("forward", g, dtype, g["in_size"], [1, 1], g["padding"], g["stride"], g["out_size"],
+                         PSUM_COLUMNS)
+        c.update(weight="mk", group_m=g["out_channels"] // g["groups"], m=g["out_channels"])
+        if c["group_k"] * c["taps"] > MAX_TILE_ELEMENTS:
+            raise Unsupported("convolution weight rows exceed one SBUF tile")
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    per_row = c["k_tiles"] * c["taps"]
+    fit = min(PANEL_BYTES // (per_row * itemsize), MAX_TILE_ELEMENTS // per_row)
+    block_m = min(c["group_m"], fit // P * P)
+    if block_m == 0:
+        if fit < min(c["group_m"], P):
+            raise Unsupported("convolution weight panel exceeds the SBUF budget")
+        block_m = min(c["group_m"], P)
+    c.update(kind="conv", block_m=block_m)
+    return c
+
+
+def _grad_weight_pass(g: dict, dtype: torch.dtype) -> dict:
+    c = _window_pass("grad_weight", g, dtype, g["in_size"], [1, 1], g["padding"], g["stride"], g["out_size"], P)
+    if c["group_k"] * c["taps"] * 4 > ACCUMULATOR_BYTES:
+        raise Unsupported("grad_weight rows exceed the SBUF accumulator budget")
+    c.update(kind="grad_weight", group_m=g["out_channels"] // g["groups"])
+    return c
+
+
+def _grad_bias_pass(g: dict) -> dict:
+    cols = min(g["out_size"][1], PSUM_COLUMNS * 4)
+    rows = min(g["out_size"][0], max(1, PSUM_COLUMNS * 4 // cols))
+    return {"kind": "grad_bias", "batch": g["batch"],
+            "m": g["out_channels"], "out_size": g["out_size"], "block_rows": rows, "block_cols": cols}
+
+
+def _conv_flops(g: dict) -> int:
+    """2 * MACs of one convolution of this geometry (forward, grad_input and grad_weight alike)."""
+    return (2 * g["batch"] * g["out_channels"] * math.prod(g["out_size"]) * (g["in_channels"] // g["groups"])
+            * math.prod(g["kernel"]))
+
+
+@register_lowering(aten.convolution.default)
+def lower_convolution(node: fx.Node) -> KernelSpec:
+    args = bind_arguments(node)
+    if args["transposed"]:
+        raise Unsupported("transposed convolution")
+    x, w, bias = args["input"], args["weight"], args["bias"]
+    dtype = _check_dtypes(val(x), val(w), val(node), *([val(bias)] if bias is not None else []))
+    g = _geometry(tuple(val(x).shape), tuple(val(w).shape), args["stride"], args["padding"], args["dilation"],
+                  args["groups"])
+    c = _conv_pass(g, dtype, grad_input=False)
+    c.update(src=0, weight_arg=1, bias_arg=2 if bias is not None else None, out=0)
+    inputs = [x, w] + ([bias] if bias is not None else [])
+    return KernelSpec("convolution", {"spatial_rank": g["rank"], "passes": [c]}, inputs, [node],
+                      flops=_conv_flops(g))
+
+
+@register_lowering(aten.convolution_backward.default)
+def lower_convolution_backward(node: fx.Node) -> KernelSpec:
+    args = bind_arguments(node)
+    if args["transposed"]:
+        raise Unsupported("transposed convolution")
+    grad, x, w = args["grad_output"], args["input"], args["weight"]
+    dtype = _check_dtypes(val(grad), val(x), val(w))
+    g = _geometry(tuple(val(x).shape), tuple(val(w).shape), args["stride"], args["padding"], args["dilation"],
+                  args["groups"])
+    if list(val(grad).shape[2:]) != g["out_size"][2 - g["rank"]:]:
+        raise Unsupported("grad_output shape does not match the convolution")
+    mask = list(args["output_mask"])
+    outputs = result_values(node)
+    inputs = [grad, x, w]
+    passes, out_index, flops = [], 0, 0
+    if mask[0]:
+        c = _conv_pass(g, dtype, grad_input=True)
+        c.update(src=0, weight_arg=2, bias_arg=None, out=out_index)
+        passes.append(c)
+        out_index += 1
+        flops += _conv_flops(g)
+    if mask[1]:
+        c = _grad_weight_pass(g, dtype)
+        c.update(grad=0, src=1, out=out_index)
+        passes.append(c)
+        out_index += 1
+        flops += _conv_flops(g)
+    if mask[2]:
+        c = _grad_bias_pass(g)
+        c.update(grad=0, out=out_index)
+        passes.append(c)
+        out_index += 1
+    if not passes:
+        raise Unsupported("convolution_backward with an empty output mask")
+    if len(outputs) != out_index:
+        raise Unsupported("convolution_backward results do not match its output mask")
+    return KernelSpec("convolution", {"spatial_rank": g["rank"], "passes": passes}, inputs, outputs, flops=flops)
