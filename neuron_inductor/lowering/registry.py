@@ -31,6 +31,7 @@ LOWERING_MODULES = [
     "neuron_inductor.lowering.indexing",
     "neuron_inductor.lowering.copy",
     "neuron_inductor.lowering.convolution",
+    "neuron_inductor.lowering.pooling",
 ]
 
 # Metadata-only ops: run on the host as torch views (no data moves; kernels read through strides).

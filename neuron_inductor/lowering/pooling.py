@@ -1,0 +1,144 @@
+"""Lowerings of 2-d pooling: max_pool2d_with_indices, avg_pool2d, _adaptive_avg_pool2d (when the
+output size divides the input's, i.e. a plain average pool) and their backwards.
+
+Every [H, W] plane (one sample and channel) sits on one partition, whole, 128 planes per tile;
+the kernel walks the kh * kw window offsets, each a strided [OH, OW] view of the (padded) plane.
+Dilation, ceil_mode and planes too large for SBUF raise Unsupported.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.fx as fx
+
+from .common import bind_arguments, result_values, val
+from .ir import KernelSpec, Unsupported
+from .norms import PARTITIONS, SBUF_BUDGET
+from .registry import register_lowering
+
+aten = torch.ops.aten
+
+# Window offsets per kernel: each costs a handful of VectorE instructions per plane tile.
+MAX_WINDOW = 64
+
+
+def _pair(values, what: str) -> tuple[int, int]:
+    values = [int(v) for v in values]
+    if len(values) == 1:
+        return values[0], values[0]
+    if len(values) != 2:
+        raise Unsupported(f"{what} {values}")
+    return values[0], values[1]
+
+
+def _plane_geometry(x: fx.Node, output: tuple[int, int], kernel, stride, padding) -> dict:
+    """Template params of a pooling over the last two dims of `x` into [OH, OW] = `output`."""
+    value = val(x)
+    if value.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        raise Unsupported(f"input has dtype {value.dtype}; the kernel handles fp32 / bf16 / fp16")
+    shape = tuple(int(s) for s in value.shape)
+    if len(shape) not in (3, 4):
+        raise Unsupported(f"{len(shape)}-d input (2-d pooling takes [C, H, W] or [N, C, H, W])")
+    planes, (height, width) = math.prod(shape[:-2]), shape[-2:]
+    (kh, kw), (sh, sw), (ph, pw) = kernel, stride, padding
+    out_h, out_w = output
+    if planes * height * width == 0 or out_h * out_w == 0:
+        raise Unsupported("empty tensor")
+    if kh * kw > MAX_WINDOW:
+        raise Unsupported(f"{kh}x{kw} window (over {MAX_WINDOW} offsets)")
+    padded_h, padded_w = height + 2 * ph, width + 2 * pw
+    # Live per partition (fp32): the plane, its padded copy, and about 8 [OH, OW] tiles.
+    if 4 * (height * width + padded_h * padded_w + 8 * out_h * out_w) > SBUF_BUDGET:
+        raise Unsupported(f"{height}x{width} planes do not fit one partition of SBUF")
+    return {"planes": planes, "height": height, "width": width, "out_h": out_h, "out_w": out_w,
+            "kh": kh, "kw": kw, "sh": sh, "sw": sw, "ph": ph, "pw": pw,
+            "plane_tiles": [[start, min(PARTITIONS, planes - start)] for start in range(0, planes, PARTITIONS)]}
+
+
+def _window_args(args: dict) -> tuple[tuple[int, int], tuple[int, int], tuple[int, int], tuple[int, int]]:
+    """kernel, stride (the kernel when empty), padding and the floor-mode output size."""
+    kernel = _pair(args["kernel_size"], "kernel_size")
+    stride = _pair(args["stride"], "stride") if args["stride"] else kernel
+    padding = _pair(args["padding"], "padding")
+    if args.get("ceil_mode"):
+        raise Unsupported("ceil_mode=True")
+    if "dilation" in args and _pair(args["dilation"], "dilation") != (1, 1):
+        raise Unsupported(f"dilation {list(args['dilation'])}")
+    height, width = (int(s) for s in val(args["self"]).shape[-2:])
+    output = ((height + 2 * padding[0] - kernel[0]) // stride[0] + 1,
+              (width + 2 * padding[1] - kernel[1]) // stride[1] + 1)
+    return kernel, stride, padding, output
+
+
+@register_lowering(aten.max_pool2d_with_indices.default)
+def lower_max_pool(node: fx.Node) -> KernelSpec:
+    args = bind_arguments(node)
+    kernel, stride, padding, output = _window_args(args)
+    geometry = _plane_geometry(args["self"], output, kernel, stride, padding)
+    return KernelSpec(family="pool", params={"mode": "max", **geometry}, inputs=[args["self"]],
+                      outputs=result_values(node), flops=kernel[0] * kernel[1] * val(node)[0].numel())
+
+
+@register_lowering(aten.max_pool2d_with_indices_backward.default)
+def lower_max_pool_backward(node: fx.Node) -> KernelSpec:
+    args = bind_arguments(node)
+    kernel, stride, padding, output = _window_args(args)
+    geometry = _plane_geometry(args["self"], output, kernel, stride, padding)
+    return KernelSpec(family="pool", params={"mode": "max_backward", **geometry},
+                      inputs=[args["grad_output"], args["indices"]], outputs=[node],
+                      flops=3 * kernel[0] * kernel[1] * val(args["grad_output"]).numel())
+
+
+def _avg_params(args: dict) -> tuple[dict, int]:
+    kernel, stride, padding, output = _window_args(args)
+    geometry = _plane_geometry(args["self"], output, kernel, stride, padding)
+    override = args["divisor_override"]
+    if override is not None and int(override) == 0:
+        raise Unsupported("divisor_override=0")
+    divisor = int(override) if override is not None else kernel[0] * kernel[1] if args["count_include_pad"] else None
+    # divisor None: each window divides by its count of input (not padding) elements.
+    return {"divisor": divisor, **geometry}, kernel[0] * kernel[1]
+
+
+@register_lowering(aten.avg_pool2d.default)
+def lower_avg_pool(node: fx.Node) -> KernelSpec:
+    args = bind_arguments(node)
+    params, window = _avg_params(args)
+    return KernelSpec(family="pool", params={"mode": "avg", **params}, inputs=[args["self"]],
+                      outputs=[node], flops=window * val(node).numel())
+
+
+@register_lowering(aten.avg_pool2d_backward.default)
+def lower_avg_pool_backward(node: fx.Node) -> KernelSpec:
+    args = bind_arguments(node)
+    params, window = _avg_params(args)
+    return KernelSpec(family="pool", params={"mode": "avg_backward", **params}, inputs=[args["grad_output"]],
+                      outputs=[node], flops=window * val(args["grad_output"]).numel())
+
+
+def _adaptive_window(x: fx.Node, output: tuple[int, int]) -> dict:
+    """The average pool an adaptive one is when each output size divides the input's."""
+    height, width = (int(s) for s in val(x).shape[-2:])
+    out_h, out_w = output
+    if out_h == 0 or out_w == 0 or height % out_h or width % out_w:
+        raise Unsupported(f"adaptive output {out_h}x{out_w} does not divide the {height}x{width} input")
+    kernel = (height // out_h, width // out_w)
+    return {"divisor": kernel[0] * kernel[1], **_plane_geometry(x, output, kernel, kernel, (0, 0))}
+
+
+@register_lowering(aten._adaptive_avg_pool2d.default)
+def lower_adaptive_avg_pool(node: fx.Node) -> KernelSpec:
+    x, output_size = node.args
+    params = _adaptive_window(x, _pair(output_size, "output_size"))
+    return KernelSpec(family="pool", params={"mode": "avg", **params}, inputs=[x], outputs=[node],
+                      flops=val(x).numel())
+
+
+@register_lowering(aten._adaptive_avg_pool2d_backward.default)
+def lower_adaptive_avg_pool_backward(node: fx.Node) -> KernelSpec:
+    grad_output, x = node.args
+    params = _adaptive_window(x, tuple(int(s) for s in val(grad_output).shape[-2:]))
+    return KernelSpec(family="pool", params={"mode": "avg_backward", **params}, inputs=[grad_output],
+                      outputs=[node], flops=val(x).numel())

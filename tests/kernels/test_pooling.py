@@ -1,0 +1,150 @@
+"""2-d pooling kernels (max with indices, average, adaptive average; forward and backward), run in
+the NKI interpreter against eager.
+
+Each case traces the forward and backward ATen ops into one graph, lowers the node under test,
+runs its kernel on the graph's eager values and compares. Tolerances: max pooling's values and
+indices are exact (selection, no arithmetic); sums (average pooling, the backwards' overlapping
+windows) fp32 rtol 1e-5 scaled to the output's magnitude, bf16 2e-2 (eager bf16 accumulates in
+fp32 as the kernels do).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from neuron_inductor.lowering.ir import Unsupported
+from neuron_inductor.lowering.registry import LOWERINGS
+
+from .harness import DTYPES, aten_graph, assert_all_close, last_node, run_node
+
+aten = torch.ops.aten
+MAX = aten.max_pool2d_with_indices.default
+MAX_BACKWARD = aten.max_pool2d_with_indices_backward.default
+AVG = aten.avg_pool2d.default
+AVG_BACKWARD = aten.avg_pool2d_backward.default
+ADAPTIVE = aten._adaptive_avg_pool2d.default
+ADAPTIVE_BACKWARD = aten._adaptive_avg_pool2d_backward.default
+
+# Inputs: planes (N * C) below and above the 128 partitions, odd spatial sizes, a 3-d [C, H, W]
+# input, size-1 batch / channel dims.
+SHAPES = [(2, 3, 7, 9), (2, 70, 10, 12), (5, 16, 17), (1, 1, 4, 4), (1, 130, 6, 5)]
+# (kernel, stride, padding): the common cases, overlapping and padded windows among them.
+WINDOWS = [(2, 2, 0), (3, 2, 1), (3, 1, 1), (2, 1, 0), (3, 3, 0)]
+
+
+def inputs(shape, dtype, strided=False):
+    torch.manual_seed(0)
+    if strided:  # channels-last memory: the kernel reads through the strides
+        return torch.randn(*shape[:-3], shape[-2], shape[-1], shape[-3]).to(dtype).movedim(-1, -3)
+    return torch.randn(shape).to(dtype)
+
+
+def max_pool_graph(x, kernel, stride, padding):
+    def fn(x, dy):
+        y, indices = aten.max_pool2d_with_indices(x, [kernel] * 2, [stride] * 2, [padding] * 2)
+        dx = aten.max_pool2d_with_indices_backward(dy, x, [kernel] * 2, [stride] * 2, [padding] * 2,
+                                                   [1, 1], False, indices)
+        return y, indices, dx
+    dy = torch.randn(aten.max_pool2d_with_indices(x, [kernel] * 2, [stride] * 2, [padding] * 2)[0].shape).to(x.dtype)
+    return aten_graph(fn, x, dy), [x, dy]
+
+
+def avg_pool_graph(x, kernel, stride, padding, count_include_pad=True, divisor_override=None):
+    window = ([kernel] * 2, [stride] * 2, [padding] * 2, False, count_include_pad, divisor_override)
+
+    def fn(x, dy):
+        return aten.avg_pool2d(x, *window), aten.avg_pool2d_backward(dy, x, *window)
+    dy = torch.randn(aten.avg_pool2d(x, *window).shape).to(x.dtype)
+    return aten_graph(fn, x, dy), [x, dy]
+
+
+def check(gm, args, target):
+    actual, expected, _ = run_node(gm, args, target)
+    assert len(actual) == len(expected)
+    assert_all_close(actual, expected)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("kernel,stride,padding", WINDOWS)
+@pytest.mark.parametrize("shape", SHAPES)
+def test_max_pool(shape, kernel, stride, padding, dtype):
+    gm, args = max_pool_graph(inputs(shape, dtype), kernel, stride, padding)
+    actual, expected, _ = run_node(gm, args, MAX)
+    assert len(actual) == 2
+    assert torch.equal(actual[0], expected[0])
+    assert torch.equal(actual[1], expected[1])
+    check(gm, args, MAX_BACKWARD)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("kernel,stride,padding", WINDOWS)
+@pytest.mark.parametrize("shape", SHAPES)
+def test_avg_pool(shape, kernel, stride, padding, dtype):
+    gm, args = avg_pool_graph(inputs(shape, dtype), kernel, stride, padding)
+    check(gm, args, AVG)
+    check(gm, args, AVG_BACKWARD)
+
+
+@pytest.mark.parametrize("count_include_pad,divisor_override", [(False, None), (True, 5), (False, 2)])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_avg_pool_divisors(dtype, count_include_pad, divisor_override):
+    gm, args = avg_pool_graph(inputs((2, 3, 7, 9), dtype), 3, 2, 1, count_include_pad, divisor_override)
+    check(gm, args, AVG)
+    check(gm, args, AVG_BACKWARD)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_pool_strided_input(dtype):
+    x = inputs((2, 6, 8, 7), dtype, strided=True)
+    assert not x.is_contiguous()
+    gm, args = max_pool_graph(x, 3, 2, 1)
+    check(gm, args, MAX)
+    gm, args = avg_pool_graph(x, 3, 2, 1)
+    check(gm, args, AVG)
+
+
+def test_max_pool_non_finite():
+    """NaN wins its windows (the last NaN's index, as eager); all -inf windows keep the first
+    input element's index, padding never chosen."""
+    x = torch.randn(1, 2, 6, 6)
+    x[0, 0, 1, 1] = x[0, 0, 1, 2] = float("nan")
+    x[0, 1] = float("-inf")
+    x[0, 1, 4, 4] = float("inf")
+    gm, args = max_pool_graph(x, 3, 2, 1)
+    actual, expected, _ = run_node(gm, args, MAX)
+    torch.testing.assert_close(actual[0], expected[0], rtol=0, atol=0, equal_nan=True)
+    assert torch.equal(actual[1], expected[1])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape,output", [((2, 3, 8, 12), (4, 3)), ((2, 70, 6, 6), (1, 1)),
+                                          ((5, 9, 10), (9, 10)), ((1, 1, 4, 4), (2, 4))])
+def test_adaptive_avg_pool(shape, output, dtype):
+    x = inputs(shape, dtype)
+    dy = torch.randn(*shape[:-2], *output).to(dtype)
+
+    def fn(x, dy):
+        return aten._adaptive_avg_pool2d(x, list(output)), aten._adaptive_avg_pool2d_backward(dy, x)
+    gm = aten_graph(fn, x, dy)
+    check(gm, [x, dy], ADAPTIVE)
+    check(gm, [x, dy], ADAPTIVE_BACKWARD)
+
+
+def test_pool_unsupported():
+    x = torch.randn(1, 2, 7, 7)
+    cases = [
+        (lambda x: aten.max_pool2d_with_indices(x, [2, 2], [2, 2], [0, 0], [1, 1], True), MAX, "ceil_mode"),
+        (lambda x: aten.max_pool2d_with_indices(x, [2, 2], [1, 1], [0, 0], [2, 2]), MAX, "dilation"),
+        (lambda x: aten.avg_pool2d(x, [3, 3], [2, 2], [1, 1], True), AVG, "ceil_mode"),
+        (lambda x: aten._adaptive_avg_pool2d(x, [3, 3]), ADAPTIVE, "does not divide"),
+        (lambda x: aten.avg_pool2d(x, [9, 9], [1, 1], [4, 4]), AVG, "offsets"),
+    ]
+    for fn, target, reason in cases:
+        with pytest.raises(Unsupported, match=reason):
+            LOWERINGS[target](last_node(aten_graph(fn, x), target))
+    big = torch.randn(1, 1, 200, 200)
+    with pytest.raises(Unsupported, match="SBUF"):
+        LOWERINGS[AVG](last_node(aten_graph(lambda x: aten.avg_pool2d(x, [2, 2]), big), AVG))
+    with pytest.raises(Unsupported, match="dtype"):
+        LOWERINGS[MAX](last_node(aten_graph(lambda x: aten.max_pool2d_with_indices(x, [2, 2]), x.double()), MAX))
