@@ -18,11 +18,12 @@ Transposed convolutions, 3-d convolutions and mixed dtypes raise Unsupported (vi
 from __future__ import annotations
 
 import math
+import operator
 
 import torch
 import torch.fx as fx
 
-from .common import bind_arguments, result_values, val
+from .common import bind_arguments, val
 from .ir import KernelSpec, Unsupported
 from .registry import register_lowering
 
@@ -33,7 +34,8 @@ PSUM_COLUMNS = 512  # fp32 columns of one PSUM bank: the largest output block of
 # Per-partition SBUF bytes for the resident weight panel and for the input patch (of 192 KiB).
 PANEL_BYTES = 64 * 1024
 PATCH_BYTES = 48 * 1024
-ACCUMULATOR_BYTES = 64 * 1024  # grad_weight's fp32 accumulator (one row of the weight per partition)
+ACCUMULATOR_BYTES = 64 * 1024  # grad_weight's result rows (the weight's rows, output channels on partitions)
+ACCUMULATOR_BANKS = 4  # PSUM banks grad_weight accumulates in (of 8; the transposes, double-buffered, use the rest)
 MAX_TILE_ELEMENTS = 32767  # an SBUF tile's elements per partition: the access pattern's int16 stride
 
 SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -74,10 +76,11 @@ def _check_dtypes(*values: torch.Tensor) -> torch.dtype:
     return dtype
 
 
-def _output_blocks(out_size: list[int], max_positions: int, patch_elements, itemsize: int) -> tuple[int, int]:
-    """(rows, columns) of an output block: at most `max_positions` outputs and a patch
-    (`patch_elements(rows, cols)` elements per partition) within the SBUF budget."""
-    cols = min(out_size[1], max_positions)
+def _output_blocks(out_size: list[int], max_positions: int, max_cols: int, patch_elements,
+                   itemsize: int) -> tuple[int, int]:
+    """(rows, columns) of an output block: at most `max_positions` outputs, `max_cols` columns and a
+    patch (`patch_elements(rows, cols)` elements per partition) within the SBUF budget."""
+    cols = min(out_size[1], max_cols)
     rows = min(out_size[0], max(1, max_positions // cols))
     while patch_elements(rows, cols) > MAX_TILE_ELEMENTS or patch_elements(rows, cols) * itemsize > PATCH_BYTES:
         if rows > 1:
@@ -90,7 +93,7 @@ def _output_blocks(out_size: list[int], max_positions: int, patch_elements, item
 
 
 def _window_pass(kind: str, g: dict, dtype: torch.dtype, in_size, in_dil, pad_lo, stride, out_size,
-                 max_positions: int) -> dict:
+                 max_cols: int) -> dict:
     """The geometry every pass reading a patch of its source shares (forward, grad_input, grad_weight)."""
     group_k = g["in_channels"] // g["groups"] if kind != "grad_input" else g["out_channels"] // g["groups"]
     k_tiles = math.ceil(group_k / P)
@@ -99,7 +102,7 @@ def _window_pass(kind: str, g: dict, dtype: torch.dtype, in_size, in_dil, pad_lo
     def patch_elements(rows, cols):
         return k_tiles * ((rows - 1) * stride[0] + g["span"][0]) * ((cols - 1) * stride[1] + g["span"][1])
 
-    block_rows, block_cols = _output_blocks(out_size, max_positions, patch_elements, itemsize)
+    block_rows, block_cols = _output_blocks(out_size, PSUM_COLUMNS, max_cols, patch_elements, itemsize)
     return {
         "batch": g["batch"], "groups": g["groups"],
         "group_k": group_k, "k_tiles": k_tiles, "taps": g["kernel"][0] * g["kernel"][1], "kernel": g["kernel"],
@@ -137,10 +140,21 @@ def _conv_pass(g: dict, dtype: torch.dtype, grad_input: bool) -> dict:
 
 
 def _grad_weight_pass(g: dict, dtype: torch.dtype) -> dict:
+    """Per block of output-channel tiles and group of taps, one PSUM bank per (channel tile, tap,
+    512 input channels) accumulates over the whole batch; the taps are walked in groups that fit."""
     c = _window_pass("grad_weight", g, dtype, g["in_size"], [1, 1], g["padding"], g["stride"], g["out_size"], P)
-    if c["group_k"] * c["taps"] * 4 > ACCUMULATOR_BYTES:
-        raise Unsupported("grad_weight rows exceed the SBUF accumulator budget")
-    c.update(kind="grad_weight", group_m=g["out_channels"] // g["groups"])
+    # the patch covers up to 512 outputs, transposed in sub-blocks of whole rows (<= 128 positions)
+    c["sub_rows"] = max(1, P // c["block_cols"])
+    group_m = g["out_channels"] // g["groups"]
+    k_chunks = math.ceil(c["group_k"] / PSUM_COLUMNS)
+    if k_chunks > ACCUMULATOR_BANKS:
+        raise Unsupported(f"grad_weight of over {ACCUMULATOR_BANKS * PSUM_COLUMNS} input channels per group")
+    block_m_tiles = min(math.ceil(group_m / P), ACCUMULATOR_BANKS // k_chunks)
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    if block_m_tiles * c["group_k"] * c["taps"] * itemsize > ACCUMULATOR_BYTES:
+        raise Unsupported("grad_weight rows exceed the SBUF budget")
+    c.update(kind="grad_weight", group_m=group_m, k_chunks=k_chunks, block_m_tiles=block_m_tiles,
+             group_taps=min(c["taps"], ACCUMULATOR_BANKS // (k_chunks * block_m_tiles)))
     return c
 
 
@@ -185,28 +199,29 @@ def lower_convolution_backward(node: fx.Node) -> KernelSpec:
     if list(val(grad).shape[2:]) != g["out_size"][2 - g["rank"]:]:
         raise Unsupported("grad_output shape does not match the convolution")
     mask = list(args["output_mask"])
-    outputs = result_values(node)
+    # Results by the mask, not by the value metadata: eager CPU also returns grad_weight when only
+    # grad_bias is asked for.
+    results = dict(enumerate(val(node)))
+    users = {user.args[1]: user for user in node.users if user.target is operator.getitem}
+    outputs = [users.get(i, results[i]) for i in range(3) if mask[i]]
     inputs = [grad, x, w]
-    passes, out_index, flops = [], 0, 0
-    if mask[0]:
-        c = _conv_pass(g, dtype, grad_input=True)
-        c.update(src=0, weight_arg=2, bias_arg=None, out=out_index)
-        passes.append(c)
-        out_index += 1
-        flops += _conv_flops(g)
+    passes, flops = [], 0
+    out_index = {i: position for position, i in enumerate(i for i in range(3) if mask[i])}
+    # grad_weight first: its PSUM accumulators are allocated while no other pass holds PSUM tiles
     if mask[1]:
         c = _grad_weight_pass(g, dtype)
-        c.update(grad=0, src=1, out=out_index)
+        c.update(grad=0, src=1, out=out_index[1])
         passes.append(c)
-        out_index += 1
+        flops += _conv_flops(g)
+    if mask[0]:
+        c = _conv_pass(g, dtype, grad_input=True)
+        c.update(src=0, weight_arg=2, bias_arg=None, out=out_index[0])
+        passes.append(c)
         flops += _conv_flops(g)
     if mask[2]:
         c = _grad_bias_pass(g)
-        c.update(grad=0, out=out_index)
+        c.update(grad=0, out=out_index[2])
         passes.append(c)
-        out_index += 1
     if not passes:
         raise Unsupported("convolution_backward with an empty output mask")
-    if len(outputs) != out_index:
-        raise Unsupported("convolution_backward results do not match its output mask")
     return KernelSpec("convolution", {"spatial_rank": g["rank"], "passes": passes}, inputs, outputs, flops=flops)

@@ -42,6 +42,7 @@ CONV1D_CASES = {
     "causal_k4": (2, 64, (600,), 48, (4,), 1, 3, 1, 1),  # > 512 output columns
     "stride2_dilation2": (2, 140, (33,), 130, (3,), 2, 1, 2, 1),
     "mamba_depthwise": (2, 16, (50,), 16, (4,), 1, 3, 1, 16),
+    "channels_600": (1, 600, (5,), 130, (2,), 1, 0, 1, 1),  # grad_weight: two 512-channel chunks
     "length_one": (1, 3, (1,), 2, (1,), 1, 0, 1, 1),
 }
 CASES = {**CONV2D_CASES, **CONV1D_CASES}
