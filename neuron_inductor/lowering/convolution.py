@@ -36,6 +36,9 @@ PANEL_BYTES = 64 * 1024
 PATCH_BYTES = 48 * 1024
 ACCUMULATOR_BYTES = 64 * 1024  # grad_weight's result rows (the weight's rows, output channels on partitions)
 ACCUMULATOR_BANKS = 4  # PSUM banks grad_weight accumulates in (of 8; the transposes, double-buffered, use the rest)
+# Outputs per block of a depthwise pass (VectorE, fp32 SBUF accumulator): long rows amortise the
+# per-instruction overhead.
+DEPTHWISE_POSITIONS = 2048
 MAX_TILE_ELEMENTS = 32767  # an SBUF tile's elements per partition: the access pattern's int16 stride
 
 SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -93,7 +96,7 @@ def _output_blocks(out_size: list[int], max_positions: int, max_cols: int, patch
 
 
 def _window_pass(kind: str, g: dict, dtype: torch.dtype, in_size, in_dil, pad_lo, stride, out_size,
-                 max_cols: int) -> dict:
+                 max_cols: int, max_positions: int = PSUM_COLUMNS) -> dict:
     """The geometry every pass reading a patch of its source shares (forward, grad_input, grad_weight)."""
     group_k = g["in_channels"] // g["groups"] if kind != "grad_input" else g["out_channels"] // g["groups"]
     k_tiles = math.ceil(group_k / P)
@@ -102,7 +105,7 @@ def _window_pass(kind: str, g: dict, dtype: torch.dtype, in_size, in_dil, pad_lo
     def patch_elements(rows, cols):
         return k_tiles * ((rows - 1) * stride[0] + g["span"][0]) * ((cols - 1) * stride[1] + g["span"][1])
 
-    block_rows, block_cols = _output_blocks(out_size, PSUM_COLUMNS, max_cols, patch_elements, itemsize)
+    block_rows, block_cols = _output_blocks(out_size, max_positions, max_cols, patch_elements, itemsize)
     return {
         "batch": g["batch"], "groups": g["groups"],
         "group_k": group_k, "k_tiles": k_tiles, "taps": g["kernel"][0] * g["kernel"][1], "kernel": g["kernel"],
@@ -114,19 +117,27 @@ def _window_pass(kind: str, g: dict, dtype: torch.dtype, in_size, in_dil, pad_lo
     }
 
 
+def _is_depthwise(g: dict) -> bool:
+    return g["groups"] == g["in_channels"] == g["out_channels"]
+
+
 def _conv_pass(g: dict, dtype: torch.dtype, grad_input: bool) -> dict:
     """Forward convolution, or (grad_input) the transposed convolution of grad_output."""
+    positions = DEPTHWISE_POSITIONS if _is_depthwise(g) else PSUM_COLUMNS
     if grad_input:
         pad_lo = [d * (k - 1) - p for d, k, p in zip(g["dilation"], g["kernel"], g["padding"])]
         c = _window_pass("grad_input", g, dtype, g["out_size"], g["stride"], pad_lo, [1, 1], g["in_size"],
-                         PSUM_COLUMNS)
+                         positions, positions)
         c.update(weight="km", group_m=g["in_channels"] // g["groups"], m=g["in_channels"])
     else:
         c = _window_pass("forward", g, dtype, g["in_size"], [1, 1], g["padding"], g["stride"], g["out_size"],
-                         PSUM_COLUMNS)
+                         positions, positions)
         c.update(weight="mk", group_m=g["out_channels"] // g["groups"], m=g["out_channels"])
-        if c["group_k"] * c["taps"] > MAX_TILE_ELEMENTS:
-            raise Unsupported("convolution weight rows exceed one SBUF tile")
+    if _is_depthwise(g):
+        c.update(kind="depthwise")
+        return c
+    if not grad_input and c["group_k"] * c["taps"] > MAX_TILE_ELEMENTS:
+        raise Unsupported("convolution weight rows exceed one SBUF tile")
     itemsize = torch.empty((), dtype=dtype).element_size()
     per_row = c["k_tiles"] * c["taps"]
     fit = min(PANEL_BYTES // (per_row * itemsize), MAX_TILE_ELEMENTS // per_row)
@@ -142,6 +153,11 @@ def _conv_pass(g: dict, dtype: torch.dtype, grad_input: bool) -> dict:
 def _grad_weight_pass(g: dict, dtype: torch.dtype) -> dict:
     """Per block of output-channel tiles and group of taps, one PSUM bank per (channel tile, tap,
     512 input channels) accumulates over the whole batch; the taps are walked in groups that fit."""
+    if _is_depthwise(g):
+        c = _window_pass("grad_weight", g, dtype, g["in_size"], [1, 1], g["padding"], g["stride"], g["out_size"],
+                         DEPTHWISE_POSITIONS, DEPTHWISE_POSITIONS)
+        c.update(kind="depthwise_grad_weight", m=g["in_channels"])
+        return c
     c = _window_pass("grad_weight", g, dtype, g["in_size"], [1, 1], g["padding"], g["stride"], g["out_size"], P)
     # the patch covers up to 512 outputs, transposed in sub-blocks of whole rows (<= 128 positions)
     c["sub_rows"] = max(1, P // c["block_cols"])

@@ -43,6 +43,8 @@ CONV1D_CASES = {
     "stride2_dilation2": (2, 140, (33,), 130, (3,), 2, 1, 2, 1),
     "mamba_depthwise": (2, 16, (50,), 16, (4,), 1, 3, 1, 16),
     "channels_600": (1, 600, (5,), 130, (2,), 1, 0, 1, 1),  # grad_weight: two 512-channel chunks
+    "depthwise_200_dilation2": (2, 200, (70,), 200, (4,), 1, 3, 2, 200),
+    "depthwise_long": (1, 4, (2100,), 4, (4,), 2, 3, 1, 4),  # more than one 2048-output block
     "length_one": (1, 3, (1,), 2, (1,), 1, 0, 1, 1),
 }
 CASES = {**CONV2D_CASES, **CONV1D_CASES}
@@ -128,6 +130,17 @@ def test_backward_output_mask(mask):
     assert len(actual) == sum(mask)
     for a, e in zip(actual, [e for e, wanted in zip(expected, mask) if wanted]):
         assert_close(a, e, **RTOL)
+
+
+@pytest.mark.parametrize("name", ["depthwise", "mamba_depthwise"])
+def test_depthwise_runs_on_vector_engine(name):
+    """groups = in = out channels: per-tap VectorE multiply-adds, not single-partition matmuls."""
+    x, w, b = tensors(CASES[name], torch.float32)
+    spec = lower(conv(CASES[name]), x, w, b)
+    assert [p["kind"] for p in spec.params["passes"]] == ["depthwise"]
+    gm, _ = backward_graph(CASES[name], torch.float32, [True, True, True])
+    spec = LOWERINGS[CONV_BACKWARD](last_node(gm, CONV_BACKWARD))
+    assert [p["kind"] for p in spec.params["passes"]] == ["depthwise_grad_weight", "depthwise", "grad_bias"]
 
 
 def lower(fn, *args, target=CONV):
