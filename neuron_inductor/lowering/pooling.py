@@ -3,7 +3,8 @@ output size divides the input's, i.e. a plain average pool) and their backwards.
 
 Every [H, W] plane (one sample and channel) sits on one partition, whole, 128 planes per tile;
 the kernel walks the kh * kw window offsets, each a strided [OH, OW] view of the (padded) plane.
-Dilation, ceil_mode and planes too large for SBUF raise Unsupported.
+ceil_mode windows may run past the padding: the padded plane grows to hold them. Dilation and
+planes too large for SBUF raise Unsupported.
 """
 
 from __future__ import annotations
@@ -48,27 +49,36 @@ def _plane_geometry(x: fx.Node, output: tuple[int, int], kernel, stride, padding
         raise Unsupported("empty tensor")
     if kh * kw > MAX_WINDOW:
         raise Unsupported(f"{kh}x{kw} window (over {MAX_WINDOW} offsets)")
-    padded_h, padded_w = height + 2 * ph, width + 2 * pw
+    # ceil_mode's last windows may run past the padding.
+    padded_h = max(height + 2 * ph, (out_h - 1) * sh + kh)
+    padded_w = max(width + 2 * pw, (out_w - 1) * sw + kw)
     # Live per partition (fp32): the plane, its padded copy, and about 8 [OH, OW] tiles.
     if 4 * (height * width + padded_h * padded_w + 8 * out_h * out_w) > SBUF_BUDGET:
         raise Unsupported(f"{height}x{width} planes do not fit one partition of SBUF")
     return {"planes": planes, "height": height, "width": width, "out_h": out_h, "out_w": out_w,
             "kh": kh, "kw": kw, "sh": sh, "sw": sw, "ph": ph, "pw": pw,
+            "padded_h": padded_h, "padded_w": padded_w,
             "plane_tiles": [[start, min(PARTITIONS, planes - start)] for start in range(0, planes, PARTITIONS)]}
 
 
+def _output_size(size: int, kernel: int, stride: int, padding: int, ceil_mode: bool) -> int:
+    """ATen's pooling_output_shape (dilation 1): a ceil_mode window must start inside the input or
+    its left padding."""
+    out = (size + 2 * padding - kernel + (stride - 1 if ceil_mode else 0)) // stride + 1
+    if ceil_mode and (out - 1) * stride >= size + padding:
+        out -= 1
+    return out
+
+
 def _window_args(args: dict) -> tuple[tuple[int, int], tuple[int, int], tuple[int, int], tuple[int, int]]:
-    """kernel, stride (the kernel when empty), padding and the floor-mode output size."""
+    """kernel, stride (the kernel when empty), padding and the output size."""
     kernel = _pair(args["kernel_size"], "kernel_size")
     stride = _pair(args["stride"], "stride") if args["stride"] else kernel
     padding = _pair(args["padding"], "padding")
-    if args.get("ceil_mode"):
-        raise Unsupported("ceil_mode=True")
     if "dilation" in args and _pair(args["dilation"], "dilation") != (1, 1):
         raise Unsupported(f"dilation {list(args['dilation'])}")
-    height, width = (int(s) for s in val(args["self"]).shape[-2:])
-    output = ((height + 2 * padding[0] - kernel[0]) // stride[0] + 1,
-              (width + 2 * padding[1] - kernel[1]) // stride[1] + 1)
+    size = [int(s) for s in val(args["self"]).shape[-2:]]
+    output = tuple(_output_size(size[d], kernel[d], stride[d], padding[d], bool(args["ceil_mode"])) for d in range(2))
     return kernel, stride, padding, output
 
 
@@ -97,9 +107,14 @@ def _avg_params(args: dict) -> tuple[dict, int]:
     override = args["divisor_override"]
     if override is not None and int(override) == 0:
         raise Unsupported("divisor_override=0")
-    divisor = int(override) if override is not None else kernel[0] * kernel[1] if args["count_include_pad"] else None
-    # divisor None: each window divides by its count of input (not padding) elements.
-    return {"divisor": divisor, **geometry}, kernel[0] * kernel[1]
+    include_pad = bool(args["count_include_pad"])
+    if override is not None:
+        divisor = int(override)
+    elif include_pad and not args["ceil_mode"]:
+        divisor = kernel[0] * kernel[1]
+    else:
+        divisor = None  # each window divides by its count of input (and, included, padding) elements
+    return {"divisor": divisor, "count_include_pad": include_pad, **geometry}, kernel[0] * kernel[1]
 
 
 @register_lowering(aten.avg_pool2d.default)
@@ -125,7 +140,8 @@ def _adaptive_window(x: fx.Node, output: tuple[int, int]) -> dict:
     if out_h == 0 or out_w == 0 or height % out_h or width % out_w:
         raise Unsupported(f"adaptive output {out_h}x{out_w} does not divide the {height}x{width} input")
     kernel = (height // out_h, width // out_w)
-    return {"divisor": kernel[0] * kernel[1], **_plane_geometry(x, output, kernel, kernel, (0, 0))}
+    return {"divisor": kernel[0] * kernel[1], "count_include_pad": True,
+            **_plane_geometry(x, output, kernel, kernel, (0, 0))}
 
 
 @register_lowering(aten._adaptive_avg_pool2d.default)

@@ -44,18 +44,18 @@ def inputs(shape, dtype, strided=False):
     return torch.randn(shape).to(dtype)
 
 
-def max_pool_graph(x, kernel, stride, padding):
+def max_pool_graph(x, kernel, stride, padding, ceil_mode=False):
+    window = ([kernel] * 2, [stride] * 2, [padding] * 2, [1, 1], ceil_mode)
+
     def fn(x, dy):
-        y, indices = aten.max_pool2d_with_indices(x, [kernel] * 2, [stride] * 2, [padding] * 2)
-        dx = aten.max_pool2d_with_indices_backward(dy, x, [kernel] * 2, [stride] * 2, [padding] * 2,
-                                                   [1, 1], False, indices)
-        return y, indices, dx
-    dy = torch.randn(aten.max_pool2d_with_indices(x, [kernel] * 2, [stride] * 2, [padding] * 2)[0].shape).to(x.dtype)
+        y, indices = aten.max_pool2d_with_indices(x, *window)
+        return y, indices, aten.max_pool2d_with_indices_backward(dy, x, *window, indices)
+    dy = torch.randn(aten.max_pool2d_with_indices(x, *window)[0].shape).to(x.dtype)
     return aten_graph(fn, x, dy), [x, dy]
 
 
-def avg_pool_graph(x, kernel, stride, padding, count_include_pad=True, divisor_override=None):
-    window = ([kernel] * 2, [stride] * 2, [padding] * 2, False, count_include_pad, divisor_override)
+def avg_pool_graph(x, kernel, stride, padding, count_include_pad=True, divisor_override=None, ceil_mode=False):
+    window = ([kernel] * 2, [stride] * 2, [padding] * 2, ceil_mode, count_include_pad, divisor_override)
 
     def fn(x, dy):
         return aten.avg_pool2d(x, *window), aten.avg_pool2d_backward(dy, x, *window)
@@ -94,6 +94,25 @@ def test_avg_pool(shape, kernel, stride, padding, dtype):
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_avg_pool_divisors(dtype, count_include_pad, divisor_override):
     gm, args = avg_pool_graph(inputs((2, 3, 7, 9), dtype), 3, 2, 1, count_include_pad, divisor_override)
+    check(gm, args, AVG)
+    check(gm, args, AVG_BACKWARD)
+
+
+# ceil_mode windows past the padding: (shape, kernel, stride, padding), the last row / column of
+# windows partial in each.
+CEIL_CASES = [((2, 3, 8, 9), 2, 2, 0), ((2, 3, 7, 10), 3, 2, 1), ((1, 130, 6, 5), 3, 3, 0), ((5, 16, 17), 3, 2, 1)]
+
+
+@pytest.mark.parametrize("count_include_pad", [True, False])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape,kernel,stride,padding", CEIL_CASES)
+def test_pool_ceil_mode(shape, kernel, stride, padding, dtype, count_include_pad):
+    x = inputs(shape, dtype)
+    gm, args = max_pool_graph(x, kernel, stride, padding, ceil_mode=True)
+    actual, expected, _ = run_node(gm, args, MAX)
+    assert torch.equal(actual[0], expected[0]) and torch.equal(actual[1], expected[1])
+    check(gm, args, MAX_BACKWARD)
+    gm, args = avg_pool_graph(x, kernel, stride, padding, count_include_pad, ceil_mode=True)
     check(gm, args, AVG)
     check(gm, args, AVG_BACKWARD)
 
@@ -138,9 +157,7 @@ def test_adaptive_avg_pool(shape, output, dtype):
 def test_pool_unsupported():
     x = torch.randn(1, 2, 7, 7)
     cases = [
-        (lambda x: aten.max_pool2d_with_indices(x, [2, 2], [2, 2], [0, 0], [1, 1], True), MAX, "ceil_mode"),
         (lambda x: aten.max_pool2d_with_indices(x, [2, 2], [1, 1], [0, 0], [2, 2]), MAX, "dilation"),
-        (lambda x: aten.avg_pool2d(x, [3, 3], [2, 2], [1, 1], True), AVG, "ceil_mode"),
         (lambda x: aten._adaptive_avg_pool2d(x, [3, 3]), ADAPTIVE, "does not divide"),
         (lambda x: aten.avg_pool2d(x, [9, 9], [1, 1], [4, 4]), AVG, "offsets"),
     ]
