@@ -12,6 +12,9 @@ contraction on partitions (see the template for the loops):
   convolution); the weight is already [out channels, in channels] so it needs no transpose;
 - grad_weight: contraction over batch * output positions, both operands transposed on TensorE;
 - grad_bias: a sum over batch and positions.
+Depthwise convolutions (groups = in = out channels, e.g. Mamba's causal conv1d) would contract over
+one partition, so they run on VectorE instead: one channel per partition, a multiply-add of the
+shifted window per tap (forward, grad_input) and dy * window sums (grad_weight).
 Transposed convolutions, 3-d convolutions and mixed dtypes raise Unsupported (visible fallback).
 """
 
@@ -44,10 +47,10 @@ MAX_TILE_ELEMENTS = 32767  # an SBUF tile's elements per partition: the access p
 SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
-def _pair(values, rank: int) -> list[int]:
-    """A per-spatial-dim argument as [h, w] (h = 1 / 0 for 1-d convolutions)."""
+def _pair(values, rank: int, height: int = 1) -> list[int]:
+    """A per-spatial-dim argument as [h, w]; 1-d convolutions get h = `height`."""
     values = list(values) * rank if len(values) == 1 else list(values)
-    return values if rank == 2 else [1, *values]
+    return values if rank == 2 else [height, *values]
 
 
 def _geometry(x_shape, w_shape, stride, padding, dilation, groups) -> dict:
@@ -56,9 +59,7 @@ def _geometry(x_shape, w_shape, stride, padding, dilation, groups) -> dict:
         raise Unsupported(f"{rank}-d convolution (only 1-d and 2-d lower to kernels)")
     if 0 in x_shape or 0 in w_shape:
         raise Unsupported("empty convolution")
-    pad = _pair(padding, rank)
-    if rank == 1:
-        pad[0] = 0
+    pad = _pair(padding, rank, height=0)
     geometry = {
         "rank": rank, "batch": x_shape[0], "in_channels": x_shape[1], "out_channels": w_shape[0],
         "groups": groups, "in_size": _pair(x_shape[2:], rank), "kernel": _pair(w_shape[2:], rank),
@@ -151,8 +152,9 @@ def _conv_pass(g: dict, dtype: torch.dtype, grad_input: bool) -> dict:
 
 
 def _grad_weight_pass(g: dict, dtype: torch.dtype) -> dict:
-    """Per block of output-channel tiles and group of taps, one PSUM bank per (channel tile, tap,
-    512 input channels) accumulates over the whole batch; the taps are walked in groups that fit."""
+    """TensorE: per block of output-channel tiles and group of taps, one PSUM bank per (channel
+    tile, tap, 512 input channels) accumulates over the whole batch; the taps are walked in groups
+    that fit. Depthwise: VectorE products and sums."""
     if _is_depthwise(g):
         c = _window_pass("grad_weight", g, dtype, g["in_size"], [1, 1], g["padding"], g["stride"], g["out_size"],
                          DEPTHWISE_POSITIONS, DEPTHWISE_POSITIONS)
