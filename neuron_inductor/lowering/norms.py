@@ -1,6 +1,7 @@
 """Lowerings of the row-normalising ops: softmax / log_softmax, layer norm, RMS norm and
-cross-entropy (nll_loss), forward and backward; and batch norm's forward (training and eval),
-which normalises per channel instead (`channel_layout`: channels on partitions).
+cross-entropy (nll_loss), forward and backward; group norm's forward (rows: a sample's group);
+and batch norm's forward (training and eval), which normalises per channel instead
+(`channel_layout`: channels on partitions).
 
 All of them reduce every row of a tensor over its trailing dims, so they share one layout: rows
 (the flattened leading dims) go to the 128 partitions and the reduced elements (the flattened
@@ -343,3 +344,42 @@ def lower_batch_norm_eval(node: fx.Node) -> KernelSpec:
         inputs=[x, *_optional_float(running_mean, "running_mean"), *_optional_float(running_var, "running_var"),
                 *_optional_float(weight, "weight"), *_optional_float(bias, "bias")],
         outputs=result_values(node)[:1], flops=2 * math.prod(shape))
+
+
+# --- group norm ----------------------------------------------------------------------------------
+
+# Per-channel affine instructions (one per channel of a group and column chunk) per row tile.
+MAX_GROUP_NORM_AFFINE_OPS = 2048
+
+
+@register_lowering(aten.native_group_norm.default)
+def lower_group_norm(node: fx.Node) -> KernelSpec:
+    x, weight, bias, batch, channels, spatial, groups, eps = node.args
+    _float_input(x, "input")
+    batch, channels, spatial, groups = (int(v) for v in (batch, channels, spatial, groups))
+    group_channels = channels // groups
+    # Rows (sample, group) are contiguous runs of the input: [N * G, C / G * S].
+    shape = (batch * groups, group_channels * spatial)
+    # Live per column: x and y (fp32 worst case).
+    layout = row_layout(shape, 1, 8)
+    if group_channels * len(layout["col_chunks"]) > MAX_GROUP_NORM_AFFINE_OPS:
+        raise Unsupported(f"{group_channels} channels per group over {len(layout['col_chunks'])} column chunks "
+                          f"(over {MAX_GROUP_NORM_AFFINE_OPS} affine instructions per row tile)")
+    # The rows of each row tile as runs of consecutive groups of one sample, for the per-channel
+    # weight and bias viewed as [G, C / G]: {"at": [start, stop] on partitions, "groups": [g0, g1]}.
+    group_runs = []
+    for tile in layout["row_tiles"]:
+        runs, row = [], tile["start"]
+        while row < tile["start"] + tile["size"]:
+            group = row % groups
+            stop = min(tile["start"] + tile["size"], row - group + groups)
+            runs.append({"at": [row - tile["start"], stop - tile["start"]], "groups": [group, group + stop - row]})
+            row = stop
+        group_runs.append(runs)
+    return KernelSpec(
+        family="group_norm",
+        params={"eps": float(eps), "has_weight": weight is not None, "has_bias": bias is not None,
+                "groups": groups, "group_channels": group_channels, "spatial": spatial,
+                "group_runs": group_runs, **layout},
+        inputs=[x, *_optional_float(weight, "weight"), *_optional_float(bias, "bias")],
+        outputs=result_values(node), flops=8 * math.prod(shape))
