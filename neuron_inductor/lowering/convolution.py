@@ -137,16 +137,13 @@ def _conv_pass(g: dict, dtype: torch.dtype, grad_input: bool) -> dict:
     if _is_depthwise(g):
         c.update(kind="depthwise")
         return c
-    if not grad_input and c["group_k"] * c["taps"] > MAX_TILE_ELEMENTS:
-        raise Unsupported("convolution weight rows exceed one SBUF tile")
     itemsize = torch.empty((), dtype=dtype).element_size()
     per_row = c["k_tiles"] * c["taps"]
     fit = min(PANEL_BYTES // (per_row * itemsize), MAX_TILE_ELEMENTS // per_row)
-    block_m = min(c["group_m"], fit // P * P)
+    # whole 128-row tiles when they fit, else fewer rows (more re-reads of the input patches)
+    block_m = min(c["group_m"], fit // P * P) or min(c["group_m"], fit)
     if block_m == 0:
-        if fit < min(c["group_m"], P):
-            raise Unsupported("convolution weight panel exceeds the SBUF budget")
-        block_m = min(c["group_m"], P)
+        raise Unsupported("convolution weight panel of one output channel exceeds the SBUF budget")
     c.update(kind="conv", block_m=block_m)
     return c
 
@@ -164,15 +161,17 @@ def _grad_weight_pass(g: dict, dtype: torch.dtype) -> dict:
     # the patch covers up to 512 outputs, transposed in sub-blocks of whole rows (<= 128 positions)
     c["sub_rows"] = max(1, P // c["block_cols"])
     group_m = g["out_channels"] // g["groups"]
-    k_chunks = math.ceil(c["group_k"] / PSUM_COLUMNS)
-    if k_chunks > ACCUMULATOR_BANKS:
-        raise Unsupported(f"grad_weight of over {ACCUMULATOR_BANKS * PSUM_COLUMNS} input channels per group")
-    block_m_tiles = min(math.ceil(group_m / P), ACCUMULATOR_BANKS // k_chunks)
     itemsize = torch.empty((), dtype=dtype).element_size()
-    if block_m_tiles * c["group_k"] * c["taps"] * itemsize > ACCUMULATOR_BYTES:
-        raise Unsupported("grad_weight rows exceed the SBUF budget")
-    c.update(kind="grad_weight", group_m=group_m, k_chunks=k_chunks, block_m_tiles=block_m_tiles,
-             group_taps=min(c["taps"], ACCUMULATOR_BANKS // (k_chunks * block_m_tiles)))
+    # PSUM banks: (output-channel tiles) x (512-channel chunks of a block of input channels) x taps
+    block_m_tiles = max(1, min(math.ceil(group_m / P), ACCUMULATOR_BANKS // math.ceil(c["group_k"] / PSUM_COLUMNS)))
+    block_k = min(c["group_k"], PSUM_COLUMNS * max(1, ACCUMULATOR_BANKS // block_m_tiles))
+    while block_m_tiles * block_k * c["taps"] * itemsize > ACCUMULATOR_BYTES and block_k > P:
+        block_k = max(P, block_k // 2 // P * P)
+    if block_m_tiles * block_k * c["taps"] * itemsize > ACCUMULATOR_BYTES:
+        raise Unsupported("grad_weight rows of one input-channel tile exceed the SBUF budget")
+    k_chunks = math.ceil(block_k / PSUM_COLUMNS)
+    c.update(kind="grad_weight", group_m=group_m, k_chunks=k_chunks, block_m_tiles=block_m_tiles, block_k=block_k,
+             k_tiles=math.ceil(block_k / P), group_taps=min(c["taps"], ACCUMULATOR_BANKS // (k_chunks * block_m_tiles)))
     return c
 
 

@@ -43,6 +43,8 @@ CONV1D_CASES = {
     "stride2_dilation2": (2, 140, (33,), 130, (3,), 2, 1, 2, 1),
     "mamba_depthwise": (2, 16, (50,), 16, (4,), 1, 3, 1, 16),
     "channels_600": (1, 600, (5,), 130, (2,), 1, 0, 1, 1),  # grad_weight: two 512-channel chunks
+    # fp32 weight panel of fewer than 128 rows; grad_weight in two blocks of input channels
+    "channels_2600_k7": (1, 2600, (9,), 130, (7,), 1, 3, 1, 1),
     "depthwise_200_dilation2": (2, 200, (70,), 200, (4,), 1, 3, 2, 200),
     "depthwise_long": (1, 4, (2100,), 4, (4,), 2, 3, 1, 4),  # more than one 2048-output block
     "length_one": (1, 3, (1,), 2, (1,), 1, 0, 1, 1),
