@@ -1,5 +1,5 @@
-"""Lowerings of 2-d pooling: max_pool2d_with_indices, avg_pool2d, _adaptive_avg_pool2d (when the
-output size divides the input's, i.e. a plain average pool) and their backwards.
+"""Lowerings of 2-d pooling: max_pool2d_with_indices, avg_pool2d, _adaptive_avg_pool2d and their
+backwards.
 
 Every [H, W] plane (one sample and channel) sits on one partition, whole, 128 planes per tile;
 the kernel walks the kh * kw window offsets, each a strided [OH, OW] view of the (padded) plane.
@@ -133,28 +133,56 @@ def lower_avg_pool_backward(node: fx.Node) -> KernelSpec:
                       outputs=[node], flops=window * val(args["grad_output"]).numel())
 
 
-def _adaptive_window(x: fx.Node, output: tuple[int, int]) -> dict:
-    """The average pool an adaptive one is when each output size divides the input's."""
+# Reduce instructions of a general adaptive average pool (one per output row and column
+# forward, one per input row and column backward).
+MAX_ADAPTIVE_STEPS = 1024
+
+
+def _adaptive_windows(size: int, out: int) -> list[list[int]]:
+    """ATen's adaptive windows along one dim: [floor(o * size / out), ceil((o + 1) * size / out))."""
+    return [[o * size // out, -(-(o + 1) * size // out)] for o in range(out)]
+
+
+def _covering(windows: list[list[int]], size: int) -> list[list[int]]:
+    """Per input index, the [first, last + 1) outputs whose windows hold it (they are consecutive)."""
+    covers = []
+    for i in range(size):
+        hits = [o for o, (start, stop) in enumerate(windows) if start <= i < stop]
+        covers.append([hits[0], hits[-1] + 1])
+    return covers
+
+
+def _adaptive_params(x: fx.Node, output: tuple[int, int], backward: bool) -> dict:
+    """An average pool when each output size divides the input's; else separable sums over
+    ATen's adaptive windows (rows and columns of varying lengths)."""
     height, width = (int(s) for s in val(x).shape[-2:])
     out_h, out_w = output
-    if out_h == 0 or out_w == 0 or height % out_h or width % out_w:
-        raise Unsupported(f"adaptive output {out_h}x{out_w} does not divide the {height}x{width} input")
-    kernel = (height // out_h, width // out_w)
-    return {"divisor": kernel[0] * kernel[1], "count_include_pad": True,
-            **_plane_geometry(x, output, kernel, kernel, (0, 0))}
+    if out_h and out_w and not height % out_h and not width % out_w:
+        kernel = (height // out_h, width // out_w)
+        return {"mode": "avg_backward" if backward else "avg", "divisor": kernel[0] * kernel[1],
+                "count_include_pad": True, **_plane_geometry(x, output, kernel, kernel, (0, 0))}
+    geometry = _plane_geometry(x, output, (1, 1), (1, 1), (0, 0))
+    steps = height + width if backward else out_h + out_w
+    if steps > MAX_ADAPTIVE_STEPS:
+        raise Unsupported(f"adaptive pooling in {steps} reduce steps (over {MAX_ADAPTIVE_STEPS})")
+    # Live per partition (fp32): the plane, the partial sums and a few [OH, OW] tiles.
+    if 4 * (2 * height * width + out_w * height + width * out_h + 4 * out_h * out_w) > SBUF_BUDGET:
+        raise Unsupported(f"adaptive {height}x{width} -> {out_h}x{out_w} planes do not fit one partition of SBUF")
+    h_windows, w_windows = _adaptive_windows(height, out_h), _adaptive_windows(width, out_w)
+    return {"mode": "adaptive_avg_backward" if backward else "adaptive_avg", **geometry,
+            "h_windows": h_windows, "w_windows": w_windows,
+            "h_covers": _covering(h_windows, height), "w_covers": _covering(w_windows, width)}
 
 
 @register_lowering(aten._adaptive_avg_pool2d.default)
 def lower_adaptive_avg_pool(node: fx.Node) -> KernelSpec:
     x, output_size = node.args
-    params = _adaptive_window(x, _pair(output_size, "output_size"))
-    return KernelSpec(family="pool", params={"mode": "avg", **params}, inputs=[x], outputs=[node],
-                      flops=val(x).numel())
+    params = _adaptive_params(x, _pair(output_size, "output_size"), backward=False)
+    return KernelSpec(family="pool", params=params, inputs=[x], outputs=[node], flops=val(x).numel())
 
 
 @register_lowering(aten._adaptive_avg_pool2d_backward.default)
 def lower_adaptive_avg_pool_backward(node: fx.Node) -> KernelSpec:
     grad_output, x = node.args
-    params = _adaptive_window(x, tuple(int(s) for s in val(grad_output).shape[-2:]))
-    return KernelSpec(family="pool", params={"mode": "avg_backward", **params}, inputs=[grad_output],
-                      outputs=[node], flops=val(x).numel())
+    params = _adaptive_params(x, tuple(int(s) for s in val(grad_output).shape[-2:]), backward=True)
+    return KernelSpec(family="pool", params=params, inputs=[grad_output], outputs=[node], flops=val(x).numel())

@@ -141,8 +141,11 @@ def test_max_pool_non_finite():
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("shape,output", [((2, 3, 8, 12), (4, 3)), ((2, 70, 6, 6), (1, 1)),
-                                          ((5, 9, 10), (9, 10)), ((1, 1, 4, 4), (2, 4))])
+@pytest.mark.parametrize("shape,output", [
+    # dividing sizes: a plain average pool
+    ((2, 3, 8, 12), (4, 3)), ((2, 70, 6, 6), (1, 1)), ((5, 9, 10), (9, 10)), ((1, 1, 4, 4), (2, 4)),
+    # ATen's overlapping windows of varying lengths, outputs larger than the input among them
+    ((2, 3, 8, 8), (5, 7)), ((1, 130, 7, 9), (3, 4)), ((5, 6, 10), (7, 13)), ((2, 3, 13, 11), (1, 3))])
 def test_adaptive_avg_pool(shape, output, dtype):
     x = inputs(shape, dtype)
     dy = torch.randn(*shape[:-2], *output).to(dtype)
@@ -158,12 +161,14 @@ def test_pool_unsupported():
     x = torch.randn(1, 2, 7, 7)
     cases = [
         (lambda x: aten.max_pool2d_with_indices(x, [2, 2], [1, 1], [0, 0], [2, 2]), MAX, "dilation"),
-        (lambda x: aten._adaptive_avg_pool2d(x, [3, 3]), ADAPTIVE, "does not divide"),
         (lambda x: aten.avg_pool2d(x, [9, 9], [1, 1], [4, 4]), AVG, "offsets"),
     ]
     for fn, target, reason in cases:
         with pytest.raises(Unsupported, match=reason):
             LOWERINGS[target](last_node(aten_graph(fn, x), target))
+    with pytest.raises(Unsupported, match="reduce steps"):
+        LOWERINGS[ADAPTIVE](last_node(aten_graph(lambda x: aten._adaptive_avg_pool2d(x, [1, 1050]),
+                                                 torch.randn(1, 1, 2, 1100)), ADAPTIVE))
     big = torch.randn(1, 1, 200, 200)
     with pytest.raises(Unsupported, match="SBUF"):
         LOWERINGS[AVG](last_node(aten_graph(lambda x: aten.avg_pool2d(x, [2, 2]), big), AVG))
