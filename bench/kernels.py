@@ -290,11 +290,22 @@ def _conv2d(batch: int, channels: int, size: int, out_channels: int, kernel: int
     return build
 
 
+def _depthwise_conv1d(batch: int, channels: int, length: int, kernel: int, dtype: torch.dtype) -> Callable:
+    """Mamba's causal conv1d: depthwise, padding kernel - 1, with bias."""
+    def build():
+        return ((lambda x, w, b: torch.nn.functional.conv1d(x, w, b, padding=kernel - 1, groups=channels)),
+                (_randn(batch, channels, length, dtype=dtype), _randn(channels, 1, kernel, dtype=dtype),
+                 _randn(channels, dtype=dtype)))
+    return build
+
+
 CONV_CASES = [
     BenchCase("conv2d_bf16_3x3", aten.convolution.default, _conv2d(8, 256, 32, 256, 3, torch.bfloat16),
               "8x256x32x32 * 256x256x3x3", torch.bfloat16),
     BenchCase("conv2d_bwd_bf16_3x3", aten.convolution_backward.default,
               _conv2d(8, 256, 32, 256, 3, torch.bfloat16, backward=True), "8x256x32x32 * 256x256x3x3", torch.bfloat16),
+    BenchCase("conv1d_depthwise_bf16", aten.convolution.default, _depthwise_conv1d(2, 1536, 1024, 4, torch.bfloat16),
+              "2x1536x1024 k4 depthwise", torch.bfloat16),
 ]
 
 KERNELS: dict[str, BenchCase] = {case.name: case for case in MATMUL_CASES + ATTENTION_CASES + NORM_CASES + CONV_CASES}

@@ -13,8 +13,8 @@ contraction on partitions (see the template for the loops):
 - grad_weight: contraction over batch * output positions, both operands transposed on TensorE;
 - grad_bias: a sum over batch and positions.
 Depthwise convolutions (groups = in = out channels, e.g. Mamba's causal conv1d) would contract over
-one partition, so they run on VectorE instead: one channel per partition, a multiply-add of the
-shifted window per tap (forward, grad_input) and dy * window sums (grad_weight).
+one partition: one channel per partition instead, with diag(w[:, tap]) as the stationary operand
+of each tap's matmul (forward, grad_input), and dy * window sums on VectorE for grad_weight.
 Transposed convolutions, 3-d convolutions and mixed dtypes raise Unsupported (visible fallback).
 """
 
@@ -39,7 +39,7 @@ PANEL_BYTES = 64 * 1024
 PATCH_BYTES = 48 * 1024
 ACCUMULATOR_BYTES = 64 * 1024  # grad_weight's result rows (the weight's rows, output channels on partitions)
 ACCUMULATOR_BANKS = 4  # PSUM banks grad_weight accumulates in (of 8; the transposes, double-buffered, use the rest)
-# Outputs per block of a depthwise pass (VectorE, fp32 SBUF accumulator): long rows amortise the
+# Outputs per block of the depthwise grad_weight pass (VectorE): long rows amortise the
 # per-instruction overhead.
 DEPTHWISE_POSITIONS = 2048
 MAX_TILE_ELEMENTS = 32767  # an SBUF tile's elements per partition: the access pattern's int16 stride
@@ -124,15 +124,14 @@ def _is_depthwise(g: dict) -> bool:
 
 def _conv_pass(g: dict, dtype: torch.dtype, grad_input: bool) -> dict:
     """Forward convolution, or (grad_input) the transposed convolution of grad_output."""
-    positions = DEPTHWISE_POSITIONS if _is_depthwise(g) else PSUM_COLUMNS
     if grad_input:
         pad_lo = [d * (k - 1) - p for d, k, p in zip(g["dilation"], g["kernel"], g["padding"])]
         c = _window_pass("grad_input", g, dtype, g["out_size"], g["stride"], pad_lo, [1, 1], g["in_size"],
-                         positions, positions)
+                         PSUM_COLUMNS)
         c.update(weight="km", group_m=g["in_channels"] // g["groups"], m=g["in_channels"])
     else:
         c = _window_pass("forward", g, dtype, g["in_size"], [1, 1], g["padding"], g["stride"], g["out_size"],
-                         positions, positions)
+                         PSUM_COLUMNS)
         c.update(weight="mk", group_m=g["out_channels"] // g["groups"], m=g["out_channels"])
     if _is_depthwise(g):
         c.update(kind="depthwise")

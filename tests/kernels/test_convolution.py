@@ -46,7 +46,7 @@ CONV1D_CASES = {
     # fp32 weight panel of fewer than 128 rows; grad_weight in two blocks of input channels
     "channels_2600_k7": (1, 2600, (9,), 130, (7,), 1, 3, 1, 1),
     "depthwise_200_dilation2": (2, 200, (70,), 200, (4,), 1, 3, 2, 200),
-    "depthwise_long": (1, 4, (2100,), 4, (4,), 2, 3, 1, 4),  # more than one 2048-output block
+    "depthwise_long": (1, 4, (2100,), 4, (4,), 2, 3, 1, 4),  # grad_weight: over one 2048-output block
     "length_one": (1, 3, (1,), 2, (1,), 1, 0, 1, 1),
 }
 CASES = {**CONV2D_CASES, **CONV1D_CASES}
@@ -135,8 +135,9 @@ def test_backward_output_mask(mask):
 
 
 @pytest.mark.parametrize("name", ["depthwise", "mamba_depthwise"])
-def test_depthwise_runs_on_vector_engine(name):
-    """groups = in = out channels: per-tap VectorE multiply-adds, not single-partition matmuls."""
+def test_depthwise_pass_selection(name):
+    """groups = in = out channels: diagonal-weight matmuls over 128 channels at once, not
+    single-partition matmuls per group."""
     x, w, b = tensors(CASES[name], torch.float32)
     spec = lower(conv(CASES[name]), x, w, b)
     assert [p["kind"] for p in spec.params["passes"]] == ["depthwise"]
