@@ -17,13 +17,19 @@ dim, as in eager; out-of-range ids match no row: a gather returns zeros and a sc
 (PyTorch raises).
 
 Lane ops (`mode` "lane_gather" / "lane_scatter"): gather / scatter.value / scatter.src /
-scatter_add along the last dim with an index of the same leading shape (cross-entropy's
+scatter_add along the last dim of a tensor of rank >= 2 with an index of the same leading shape (cross-entropy's
 `gather(log_probs, -1, target[:, None])` and its backward's `scatter.value`). Rows sit on
 partitions; each index column becomes an int32 lane mask (all ones where `iota == index`) over
 the free axis, and values move as their fp32 bits under it: a gather sums x's masked bits (the
 indexed lane's value plus +0.0s), a scatter bit-selects the new value into its lanes. Infinities
 and NaN therefore land exactly where eager puts them and never spread along the row (0 * inf
 never happens). A gathered -0.0 may come back as +0.0.
+
+Column ops (`mode` "column_gather" / "column_scatter"): the same along any other dim, with an
+index matching the input in every other dim. x is viewed as [outer, size, inner]: the indexed dim
+sits on partitions and each free-axis column takes its own index; index row k reaches every
+partition through a ones matmul (1.0 * id, exact), the masks and bit moves are the lane ops', and
+a gather sums each column's masked bits over the partitions with a ones matmul.
 """
 
 from __future__ import annotations
@@ -161,8 +167,8 @@ def lower_embedding_dense_backward(node: fx.Node) -> KernelSpec:
 def lower_index_put(node: fx.Node) -> KernelSpec:
     """index_put(self, [None, ..., ids], values, accumulate): one integer index on any dim (the
     static KV cache's `cache.index_copy_(2, cache_position, states)`). Without accumulate the rows
-    named by ids are replaced; with duplicate ids PyTorch leaves the result unspecified (here:
-    their sum)."""
+    named by ids are replaced; of duplicate ids the last one wins, as in eager on the CPU (PyTorch
+    leaves it unspecified)."""
     base, values = node.args[0], node.args[2]
     accumulate = bool(arg(node, 3, "accumulate", False))
     first, tensors = _indexed_dims(list(node.args[1]), "index_put")
@@ -175,29 +181,35 @@ def lower_index_put(node: fx.Node) -> KernelSpec:
 
 def _lane_spec(node: fx.Node, mode: str, x: fx.Node, dim, index: fx.Node, src=None, value=None,
                reduce: str | None = None) -> KernelSpec:
+    """A gather / scatter along `dim`: a lane op when `dim` is the last dim of a tensor of rank >= 2,
+    a column op otherwise."""
     xv, iv = val(x), val(index)
     rank = xv.dim()
-    if rank < 2 or int(dim) % rank != rank - 1:
-        raise Unsupported(f"{mode} along a dim other than the last of a tensor of rank >= 2")
-    if tuple(iv.shape[:-1]) != tuple(xv.shape[:-1]):
-        raise Unsupported("an index whose leading dims differ from the input's")
     if isinstance(src, fx.Node) and tuple(val(src).shape) != tuple(iv.shape):
         raise Unsupported("a scatter source of another shape than the index")
-    if xv.shape[-1] >= EXACT_INT_LIMIT or not xv.dtype.is_floating_point:
-        raise Unsupported(f"lane {mode} of {xv.dtype} with {xv.shape[-1]} lanes")
-    width = int(xv.shape[-1])
-    params = {
-        "mode": mode,
-        "dims": _token_dims(xv.shape[:-1], width, LANE_FMAX),
-        "index_width": int(iv.shape[-1]),
-        "reduce": reduce,
-    }
+    shape = [int(s) for s in xv.shape] or [1]  # a 0-d tensor is one element along dim 0
+    dim = int(dim) % max(rank, 1)
+    if not xv.dtype.is_floating_point or shape[dim] >= EXACT_INT_LIMIT:
+        raise Unsupported(f"{mode} of {xv.dtype} with {shape[dim]} positions along the dim")
+    index_shape = [int(s) for s in iv.shape] or [1]
+    if index_shape[:dim] + index_shape[dim + 1:] != shape[:dim] + shape[dim + 1:]:
+        raise Unsupported("an index whose other dims differ from the input's")
+    if xv.numel() == 0 or iv.numel() == 0:
+        raise Unsupported(f"{mode} of an empty tensor")
+    width = index_shape[dim]
+    if rank >= 2 and dim == rank - 1:
+        params = {"mode": mode, "dims": _token_dims(shape[:-1], shape[-1], LANE_FMAX)}
+    else:
+        inner = math.prod(shape[dim + 1:])
+        params = {"mode": mode.replace("lane", "column"), "outer": math.prod(shape[:dim]), "size": shape[dim],
+                  "inner": inner, "column_chunk": min(inner, PSUM_FMAX)}
+    params.update(index_width=width, reduce=reduce)
     if value is not None:
         # eager casts the value to x's dtype; the kernel places that value's fp32 bits
         params["value"] = float(value)
         params["value_bits"] = float32_bits(torch.tensor(float(value), dtype=xv.dtype).item())
     inputs = [x, index] + ([src] if isinstance(src, fx.Node) else [])
-    return KernelSpec("gather_scatter", params, inputs, [node], flops=xv.numel() * int(iv.shape[-1]))
+    return KernelSpec("gather_scatter", params, inputs, [node], flops=xv.numel() * width)
 
 
 @register_lowering(aten.gather.default)

@@ -191,9 +191,10 @@ def test_cross_entropy_backward_scatter_of_a_constant_into_zeros():
 
 
 def test_unsupported_cases_raise():
-    gm = aten_graph(lambda t, i: torch.gather(t, 0, i), torch.randn(4, 5), torch.zeros(2, 5, dtype=torch.long))
+    """An index narrower than the input in a dim other than `dim` (legal for gather) falls back."""
+    gm = aten_graph(lambda t, i: torch.gather(t, 0, i), torch.randn(4, 5), torch.zeros(2, 3, dtype=torch.long))
     node = next(n for n in gm.graph.nodes if n.target is aten.gather.default)
-    with pytest.raises(Unsupported, match="last"):
+    with pytest.raises(Unsupported, match="other dims"):
         LOWERINGS[node.target](node)
 
 
@@ -218,6 +219,22 @@ def test_index_put_on_a_dim_other_than_0(shape, dim, positions, accumulate, dtyp
     fn = lambda b, i, v: aten.index_put(b, [None] * dim + [i], v, accumulate)  # noqa: E731
     (out,), _, _ = run_lowered(fn, [base, ids, values], aten.index_put.default)
     assert_close(out, aten.index_put(base.float(), indices, values.float(), accumulate).to(dtype))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape,dim,positions", [((3, 150, 2, 5), 1, [0] + list(range(139)) + [0]),
+                                                 ((4, 6), 1, [5, 2, 5, 5])], ids=str)
+def test_index_put_of_a_repeated_position_keeps_the_last_write(shape, dim, positions, dtype):
+    """Eager leaves repeated positions unspecified (its CPU kernel may take any of the writes); the
+    kernel keeps the last one, within a token tile and across tiles."""
+    base, ids = torch.randn(shape, dtype=dtype), torch.tensor(positions)
+    values = torch.randn(*shape[:dim], len(positions), *shape[dim + 1:], dtype=dtype)
+    fn = lambda b, i, v: aten.index_put(b, [None] * dim + [i], v)  # noqa: E731
+    (out,), _, _ = run_lowered(fn, [base, ids, values], aten.index_put.default)
+    reference = base.clone()
+    for t, position in enumerate(positions):
+        reference.select(dim, position).copy_(values.select(dim, t))
+    assert torch.equal(out, reference)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -327,3 +344,68 @@ def test_negative_indices_count_from_the_end(dtype):
     fn = lambda t, i, v: aten.index_put(t, [None, i], v, True)  # noqa: E731
     (out,), _, _ = run_lowered(fn, [x, ids, values], aten.index_put.default)
     assert_close(out, aten.index_put(x.float(), [None, ids], values.float(), True).to(dtype))
+
+
+# ---- gathers / scatters along a dim other than the last: column ops ------------------------------
+
+COLUMN_CASES = [((10, 5), 0, 5), ((3, 200, 7), 1, 4), ((130, 600), 0, 2), ((300,), 0, 7), ((1, 5, 1), 1, 3),
+                ((2, 129, 3), 0, 2)]
+
+
+def distinct_rows(shape, dim, k):
+    """An index of k distinct positions along `dim` for every other coordinate."""
+    moved = list(shape)
+    moved[dim] = k
+    order = torch.rand(*shape[:dim], *shape[dim + 1:], shape[dim]).argsort(-1)[..., :k]
+    return order.movedim(-1, dim).reshape(moved)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape,dim,k", COLUMN_CASES, ids=str)
+def test_gather_and_scatter_along_a_dim_other_than_the_last(shape, dim, k, dtype):
+    x = torch.randn(shape, dtype=dtype)
+    index = distinct_rows(shape, dim, k)
+    src = torch.randn(index.shape, dtype=dtype)
+    (out,), (ref,), _ = run_lowered(lambda t, i: torch.gather(t, dim, i), [x, index], aten.gather.default)
+    assert torch.equal(out, ref)
+    (out,), (ref,), _ = run_lowered(lambda t, i: t.scatter(dim, i, 0.5), [x, index], aten.scatter.value)
+    assert torch.equal(out, ref)
+    (out,), (ref,), _ = run_lowered(lambda t, i, s: t.scatter(dim, i, s), [x, index, src], aten.scatter.src)
+    assert torch.equal(out, ref)
+    repeated = torch.zeros_like(index)  # every source value adds into row 0
+    (out,), _, _ = run_lowered(lambda t, i, s: t.scatter_add(dim, i, s), [x, repeated, src], aten.scatter_add.default)
+    assert_close(out, x.float().scatter_add(dim, repeated, src.float()).to(dtype))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_column_ops_move_non_finite_values_exactly(dtype):
+    x = torch.randn(140, 6)
+    x[0, :3] = torch.tensor(NON_FINITE)
+    x[-1, -3:] = torch.tensor(NON_FINITE)
+    x = x.to(dtype)
+    index = distinct_rows(x.shape, 0, 3)
+    index[:2, 0] = torch.tensor([0, 139])
+    (out,), (ref,), _ = run_lowered(lambda t, i: torch.gather(t, 0, i), [x, index], aten.gather.default)
+    assert_same_values(out, ref)
+    for value in NON_FINITE:
+        (out,), (ref,), _ = run_lowered(lambda t, i: t.scatter(0, i, value), [x, index], aten.scatter.value)
+        assert_same_values(out, ref)
+    src = torch.randn(index.shape).to(dtype)
+    src[1, 0], src[2, -1] = math.inf, math.nan
+    (out,), (ref,), _ = run_lowered(lambda t, i, s: t.scatter(0, i, s), [x, index, src], aten.scatter.src)
+    assert_same_values(out, ref)
+    (out,), _, _ = run_lowered(lambda t, i, s: t.scatter_add(0, i, s), [x, index, src], aten.scatter_add.default)
+    reference = x.float().scatter_add(0, index, src.float()).to(dtype)
+    assert_close(out, reference)
+    assert torch.equal(out.isnan(), reference.isnan()) and torch.equal(out.isinf(), reference.isinf())
+
+
+def test_column_ops_of_a_transposed_input_and_a_0d_tensor():
+    x, index = torch.randn(6, 40), torch.randint(0, 40, (6, 3))
+    fn = lambda t, i: torch.gather(t.t(), 0, i.t())  # noqa: E731
+    (out,), (ref,), inputs = run_lowered(fn, [x, index], aten.gather.default)
+    assert not inputs[0].is_contiguous()
+    assert torch.equal(out, ref)
+    scalar, zero = torch.randn(()), torch.zeros((), dtype=torch.long)
+    (out,), (ref,), _ = run_lowered(lambda t, i: torch.gather(t, 0, i), [scalar, zero], aten.gather.default)
+    assert torch.equal(out, ref)
