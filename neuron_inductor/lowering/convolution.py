@@ -14,7 +14,8 @@ contraction on partitions (see the template for the loops):
 - grad_bias: a sum over batch and positions.
 Depthwise convolutions (groups = in = out channels, e.g. Mamba's causal conv1d) would contract over
 one partition: one channel per partition instead, with diag(w[:, tap]) as the stationary operand
-of each tap's matmul (forward, grad_input), and dy * window sums on VectorE for grad_weight.
+of each tap's matmul (forward, grad_input); grad_weight multiplies dy by each window on GpSimd
+and sums the products on ScalarE.
 Transposed convolutions, 3-d convolutions and mixed dtypes raise Unsupported (visible fallback).
 """
 
@@ -39,7 +40,7 @@ PANEL_BYTES = 64 * 1024
 PATCH_BYTES = 48 * 1024
 ACCUMULATOR_BYTES = 64 * 1024  # grad_weight's result rows (the weight's rows, output channels on partitions)
 ACCUMULATOR_BANKS = 4  # PSUM banks grad_weight accumulates in (of 8; the transposes, double-buffered, use the rest)
-# Outputs per block of the depthwise grad_weight pass (VectorE): long rows amortise the
+# Outputs per block of the depthwise grad_weight pass (GpSimd and ScalarE): long rows amortise the
 # per-instruction overhead.
 DEPTHWISE_POSITIONS = 2048
 MAX_TILE_ELEMENTS = 32767  # an SBUF tile's elements per partition: the access pattern's int16 stride
@@ -150,7 +151,7 @@ def _conv_pass(g: dict, dtype: torch.dtype, grad_input: bool) -> dict:
 def _grad_weight_pass(g: dict, dtype: torch.dtype) -> dict:
     """TensorE: per block of output-channel tiles and group of taps, one PSUM bank per (channel
     tile, tap, 512 input channels) accumulates over the whole batch; the taps are walked in groups
-    that fit. Depthwise: VectorE products and sums."""
+    that fit. Depthwise: GpSimd products, ScalarE sums."""
     if _is_depthwise(g):
         c = _window_pass("grad_weight", g, dtype, g["in_size"], [1, 1], g["padding"], g["stride"], g["out_size"],
                          DEPTHWISE_POSITIONS, DEPTHWISE_POSITIONS)
