@@ -167,15 +167,34 @@ def test_mixed_dtypes_unsupported():
         LOWERINGS[CONV](last_node(gm, CONV))
 
 
-def test_compiled_conv_block_forward_backward(tmp_path):
-    """conv -> silu -> conv through torch.compile, forward and backward in kernels only."""
+class CausalDepthwiseConv1d(torch.nn.Module):
+    """Mamba's short convolution: depthwise conv1d padded by k - 1, cut back to the input length."""
+
+    def __init__(self, channels: int, kernel: int):
+        super().__init__()
+        self.conv = torch.nn.Conv1d(channels, channels, kernel, groups=channels, padding=kernel - 1)
+
+    def forward(self, x):
+        return torch.nn.functional.silu(self.conv(x)[..., :x.shape[-1]])
+
+
+BLOCKS = {
+    "conv_silu_conv": (lambda: torch.nn.Sequential(torch.nn.Conv2d(6, 10, 3, padding=1), torch.nn.SiLU(),
+                                                   torch.nn.Conv2d(10, 4, 3, stride=2, padding=1)), (2, 6, 9, 9)),
+    "causal_depthwise_conv1d": (lambda: CausalDepthwiseConv1d(24, 4), (2, 24, 37)),
+}
+
+
+@pytest.mark.parametrize("name", BLOCKS)
+def test_compiled_conv_block_forward_backward(name, tmp_path):
+    """Blocks through torch.compile, forward and backward in kernels only (fallback="error")."""
     torch.manual_seed(0)
-    block = torch.nn.Sequential(torch.nn.Conv2d(6, 10, 3, padding=1), torch.nn.SiLU(),
-                                torch.nn.Conv2d(10, 4, 3, stride=2, padding=1))
-    x = torch.randn(2, 6, 9, 9)
-    grad = torch.randn(2, 4, 5, 5)
+    make_block, shape = BLOCKS[name]
+    block = make_block()
+    x = torch.randn(*shape)
     eager_x, compiled_x = x.clone().requires_grad_(), x.clone().requires_grad_()
     expected = block(eager_x)
+    grad = torch.randn_like(expected)
     expected.backward(grad)
     expected_grads = [eager_x.grad] + [p.grad.clone() for p in block.parameters()]
     block.zero_grad()
