@@ -31,8 +31,9 @@ ADAPTIVE = aten._adaptive_avg_pool2d.default
 ADAPTIVE_BACKWARD = aten._adaptive_avg_pool2d_backward.default
 
 # Inputs: planes (N * C) below and above the 128 partitions, odd spatial sizes, a 3-d [C, H, W]
-# input, size-1 batch / channel dims.
-SHAPES = [(2, 3, 7, 9), (2, 70, 10, 12), (5, 16, 17), (1, 1, 4, 4), (1, 130, 6, 5)]
+# input, size-1 batch / channel dims, and rows wide enough that max pooling's window-relative
+# index leaves bf16's exact integers (carried in fp32 then).
+SHAPES = [(2, 3, 7, 9), (2, 70, 10, 12), (5, 16, 17), (1, 1, 4, 4), (1, 130, 6, 5), (1, 2, 5, 150)]
 # (kernel, stride, padding): the common cases, overlapping and padded windows among them.
 WINDOWS = [(2, 2, 0), (3, 2, 1), (3, 1, 1), (2, 1, 0), (3, 3, 0)]
 
