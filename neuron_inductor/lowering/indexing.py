@@ -12,7 +12,8 @@ the kernels use the TensorE formulation instead, which is exact and runs unchang
 but costs O(rows) per token tile -- right for small tables, not for 100k-row vocabularies:
   gather:       out[T, I]  = onehot(ids)[T, V] @ W[V, I]    (one-hot built transposed, [V, T])
   scatter-add:  dW[V, I]  += onehot(ids)^T[V, T] @ dY[T, I]  (duplicates accumulate in PSUM)
-Token ids are compared in fp32 (exact below 2**24). Negative ids count back from the end of their
+Integer and bool tables are gathered exactly too (see TABLE_KINDS). Token ids are compared in fp32
+(exact below 2**24). Negative ids count back from the end of their
 dim, as in eager; out-of-range ids match no row: a gather returns zeros and a scatter drops the row
 (PyTorch raises).
 
@@ -50,6 +51,16 @@ aten = torch.ops.aten
 LANE_FMAX = FREE_MAX // 4
 
 
+# How a row gather moves each table dtype through its fp32 one-hot matmul, exactly: floats as they
+# are, small integers (|x| < 2**16) as fp32, 32-bit integers (int64 moves through int32 tiles) as
+# two fp32 halves of 16 bits joined by shift and or.
+TABLE_KINDS = {
+    torch.float32: "float", torch.bfloat16: "float", torch.float16: "float",
+    torch.bool: "small_int", torch.uint8: "small_int", torch.int8: "small_int", torch.int16: "small_int",
+    torch.int32: "int32", torch.int64: "int32",
+}
+
+
 def _token_dims(ids_shape, width: int, width_limit: int) -> list[dict]:
     """Walk of a [*ids_shape, width] tensor: ids dims on partitions, `width` on the free axis."""
     shape = [int(s) for s in ids_shape] + [int(width)]
@@ -78,7 +89,9 @@ def _row_params(mode: str, table: torch.Tensor, first: int, indices: list[torch.
     the table is viewed as [outer, rows, inner] (rows = the indexed dims flattened) and the result
     as [outer, *ids, inner]."""
     _check_indices(indices)
-    if table.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+    if mode == "row_scatter" and not table.dtype.is_floating_point:
+        raise Unsupported(f"row scatters into a {table.dtype} tensor")
+    if table.dtype not in TABLE_KINDS:
         raise Unsupported(f"table dtype {table.dtype}")
     shape = [int(s) for s in table.shape] or [1]  # a 0-d table is one row
     last = first + len(indices)
@@ -96,7 +109,7 @@ def _row_params(mode: str, table: torch.Tensor, first: int, indices: list[torch.
         dims = _row_dims(outer, ids_shape, inner, [len(ids_shape)] if ids_shape[-1] > 1 else [])
         strides = [math.prod(shape[d + 1:last]) for d in range(first, last)]
     index_shapes = [[1] * (len(ids_shape) - i.dim()) + [int(s) for s in i.shape] for i in indices]
-    return {"mode": mode, "outer": outer, "rows": rows, "inner": inner, "dims": dims,
+    return {"mode": mode, "outer": outer, "rows": rows, "inner": inner, "dims": dims, "table_kind": TABLE_KINDS[table.dtype],
             "index_shapes": index_shapes, "index_sizes": shape[first:last], "row_strides": strides}
 
 

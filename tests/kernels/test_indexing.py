@@ -409,3 +409,23 @@ def test_column_ops_of_a_transposed_input_and_a_0d_tensor():
     scalar, zero = torch.randn(()), torch.zeros((), dtype=torch.long)
     (out,), (ref,), _ = run_lowered(lambda t, i: torch.gather(t, 0, i), [scalar, zero], aten.gather.default)
     assert torch.equal(out, ref)
+
+
+@pytest.mark.parametrize("dtype", [torch.bool, torch.uint8, torch.int16, torch.int32, torch.int64])
+def test_index_of_integer_and_bool_tables(dtype):
+    """HF mask building: `padding_mask[batch_idx, kv_idx]` of a bool / int64 attention mask; 32-bit
+    values (extremes included) come back exact."""
+    if dtype == torch.bool:
+        table = torch.rand(3, 140) > 0.5
+    elif dtype in (torch.int32, torch.int64):
+        table = torch.randint(-2**31, 2**31 - 1, (3, 140), dtype=dtype)
+        table[0, :4] = torch.tensor([-2**31, 2**31 - 1, -1, 0])
+    else:
+        info = torch.iinfo(dtype)
+        table = torch.randint(info.min, info.max, (3, 140), dtype=dtype)
+    batch, kv = torch.tensor([0, 2, 1, 0])[:, None, None, None], torch.arange(140)[None, None, None, :]
+    (out,), (ref,), _ = run_lowered(lambda t, b, k: t[b, k], [table, batch, kv], aten.index.Tensor)
+    assert out.dtype == ref.dtype and torch.equal(out, ref)
+    (out,), (ref,), _ = run_lowered(lambda t, i: torch.index_select(t, 1, i), [table, kv.flatten()[:7]],
+                                    aten.index_select.default)
+    assert out.dtype == ref.dtype and torch.equal(out, ref)
