@@ -13,13 +13,12 @@ but costs O(rows) per token tile -- right for small tables, not for 100k-row voc
   gather:       out[T, I]  = onehot(ids)[T, V] @ W[V, I]    (one-hot built transposed, [V, T])
   scatter-add:  dW[V, I]  += onehot(ids)^T[V, T] @ dY[T, I]  (duplicates accumulate in PSUM)
 Integer and bool tables are gathered exactly too (see TABLE_KINDS). Token ids are compared in fp32
-(exact below 2**24). Negative ids count back from the end of their
-dim, as in eager; out-of-range ids match no row: a gather returns zeros and a scatter drops the row
-(PyTorch raises).
+(exact below 2**24). Negative ids count back from the end of their dim, as in eager; out-of-range
+ids match no row: a gather returns zeros and a scatter drops the row (PyTorch raises).
 
 Lane ops (`mode` "lane_gather" / "lane_scatter"): gather / scatter.value / scatter.src /
-scatter_add along the last dim of a tensor of rank >= 2 with an index of the same leading shape (cross-entropy's
-`gather(log_probs, -1, target[:, None])` and its backward's `scatter.value`). Rows sit on
+scatter_add along the last dim of a tensor of rank >= 2 with an index of the same leading shape
+(cross-entropy's `gather(log_probs, -1, target[:, None])` and its backward's `scatter.value`). Rows sit on
 partitions; each index column becomes an int32 lane mask (all ones where `iota == index`) over
 the free axis, and values move as their fp32 bits under it: a gather sums x's masked bits (the
 indexed lane's value plus +0.0s), a scatter bit-selects the new value into its lanes. Infinities
@@ -109,8 +108,9 @@ def _row_params(mode: str, table: torch.Tensor, first: int, indices: list[torch.
         dims = _row_dims(outer, ids_shape, inner, [len(ids_shape)] if ids_shape[-1] > 1 else [])
         strides = [math.prod(shape[d + 1:last]) for d in range(first, last)]
     index_shapes = [[1] * (len(ids_shape) - i.dim()) + [int(s) for s in i.shape] for i in indices]
-    return {"mode": mode, "outer": outer, "rows": rows, "inner": inner, "dims": dims, "table_kind": TABLE_KINDS[table.dtype],
-            "index_shapes": index_shapes, "index_sizes": shape[first:last], "row_strides": strides}
+    return {"mode": mode, "outer": outer, "rows": rows, "inner": inner, "dims": dims,
+            "table_kind": TABLE_KINDS[table.dtype], "index_shapes": index_shapes,
+            "index_sizes": shape[first:last], "row_strides": strides}
 
 
 def _row_gather(node: fx.Node, table: fx.Node, first: int, indices: list[fx.Node]) -> KernelSpec:

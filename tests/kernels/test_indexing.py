@@ -261,14 +261,16 @@ def test_index_select_and_index_on_any_dim(shape, dim, ids_shape, dtype):
     if len(ids_shape) == 1:
         (out,), (ref,), _ = run_lowered(lambda t, i: torch.index_select(t, dim, i), [x, ids], aten.index_select.default)
         assert torch.equal(out, ref)
-    (out,), (ref,), _ = run_lowered(lambda t, i: t[(slice(None),) * (dim % len(shape)) + (i,)], [x, ids], aten.index.Tensor)
+    leading = (slice(None),) * (dim % len(shape))
+    (out,), (ref,), _ = run_lowered(lambda t, i: t[leading + (i,)], [x, ids], aten.index.Tensor)
     assert torch.equal(out, ref)
 
 
 def test_index_select_of_a_transposed_table():
     x = torch.randn(40, 9)
     ids = torch.tensor([8, 0, 3])
-    (out,), (ref,), inputs = run_lowered(lambda t, i: torch.index_select(t.t(), 1, i), [x, ids], aten.index_select.default)
+    fn = lambda t, i: torch.index_select(t.t(), 1, i)  # noqa: E731
+    (out,), (ref,), inputs = run_lowered(fn, [x, ids], aten.index_select.default)
     assert not inputs[0].is_contiguous()
     assert torch.equal(out, ref)
 
@@ -300,7 +302,8 @@ def test_index_with_several_broadcast_indices(table_shape, first, index_shapes, 
 ], ids=["apart", "mask", "empty", "broadcast-values"])
 def test_unsupported_row_ops_raise(fn, args, match):
     gm = aten_graph(fn, *args)
-    node = next(n for n in gm.graph.nodes if n.target in (aten.index.Tensor, aten.index_select.default, aten.index_put.default))
+    row_ops = (aten.index.Tensor, aten.index_select.default, aten.index_put.default)
+    node = next(n for n in gm.graph.nodes if n.target in row_ops)
     with pytest.raises(Unsupported, match=match):
         LOWERINGS[node.target](node)
 
