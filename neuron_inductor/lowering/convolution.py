@@ -7,9 +7,9 @@ contraction on partitions (see the template for the loops):
 - forward: contraction over input channels, one matmul per (channel tile, kernel tap) accumulated
   in PSUM; the moving operand is a shifted, strided window of an SBUF patch of the input rows the
   output block needs (zero padding written into the patch, never materialised in HBM);
-- grad_input: the same pass on grad_output with zeros inserted between its elements (stride) and
-  padding d * (k - 1) - p, contracting over output channels with the flipped taps (a transposed
-  convolution); the weight is already [out channels, in channels] so it needs no transpose;
+- grad_input: the same pass on grad_output, contracting over output channels (the weight is
+  already [out channels, in channels], no transpose), once per output phase of a strided
+  convolution (see _grad_input_phases: no zeros inserted, no matmuls on them);
 - grad_weight: contraction over batch * output positions, both operands transposed on TensorE;
 - grad_bias: a sum over batch and positions.
 Depthwise convolutions (groups = in = out channels, e.g. Mamba's causal conv1d) would contract over
@@ -97,26 +97,57 @@ def _output_blocks(out_size: list[int], max_positions: int, max_cols: int, patch
     return rows, cols
 
 
-def _window_pass(kind: str, g: dict, dtype: torch.dtype, in_size, in_dil, pad_lo, stride, out_size,
-                 max_cols: int, max_positions: int = PSUM_COLUMNS) -> dict:
-    """The geometry every pass reading a patch of its source shares (forward, grad_input, grad_weight)."""
-    group_k = g["in_channels"] // g["groups"] if kind != "grad_input" else g["out_channels"] // g["groups"]
-    k_tiles = math.ceil(group_k / P)
-    itemsize = torch.empty((), dtype=dtype).element_size()
-
+def _window(k_tiles: int, itemsize: int, in_size, pad_lo, stride, span, out_size, max_cols: int,
+            max_positions: int = PSUM_COLUMNS) -> dict:
+    """How a pass walks its outputs: blocks of rows x columns, each reading a patch of the source
+    (rows [y * stride - pad_lo, ...) spanning `span` more per tap extent) that fits SBUF."""
     def patch_elements(rows, cols):
-        return k_tiles * ((rows - 1) * stride[0] + g["span"][0]) * ((cols - 1) * stride[1] + g["span"][1])
+        return k_tiles * ((rows - 1) * stride[0] + span[0]) * ((cols - 1) * stride[1] + span[1])
 
     block_rows, block_cols = _output_blocks(out_size, max_positions, max_cols, patch_elements, itemsize)
     return {
-        "batch": g["batch"], "groups": g["groups"],
-        "group_k": group_k, "k_tiles": k_tiles, "taps": g["kernel"][0] * g["kernel"][1], "kernel": g["kernel"],
-        "stride": list(stride), "dilation": g["dilation"], "pad_lo": list(pad_lo), "in_dil": list(in_dil),
-        "in_size": list(in_size), "out_size": list(out_size), "span": g["span"],
-        "block_rows": block_rows, "block_cols": block_cols,
-        "patch_rows": (block_rows - 1) * stride[0] + g["span"][0],
-        "patch_cols": (block_cols - 1) * stride[1] + g["span"][1],
+        "stride": list(stride), "pad_lo": list(pad_lo), "in_size": list(in_size), "out_size": list(out_size),
+        "span": list(span), "block_rows": block_rows, "block_cols": block_cols,
+        "patch_rows": (block_rows - 1) * stride[0] + span[0], "patch_cols": (block_cols - 1) * stride[1] + span[1],
     }
+
+
+def _window_pass(g: dict, dtype: torch.dtype, group_k: int, max_cols: int, max_positions: int = PSUM_COLUMNS) -> dict:
+    """A pass reading windows of the convolution's input (forward, grad_weight)."""
+    k_tiles = math.ceil(group_k / P)
+    c = {"batch": g["batch"], "groups": g["groups"], "group_k": group_k, "k_tiles": k_tiles,
+         "taps": g["kernel"][0] * g["kernel"][1], "kernel": g["kernel"], "dilation": g["dilation"]}
+    c.update(_window(k_tiles, torch.empty((), dtype=dtype).element_size(), g["in_size"], g["padding"], g["stride"],
+                     g["span"], g["out_size"], max_cols, max_positions))
+    return c
+
+
+def _grad_input_phases(g: dict, k_tiles: int, itemsize: int) -> list[dict]:
+    """grad_input as stride-1 correlations of grad_output, one per output phase.
+
+    dx[y] = sum over taps t with (y + p - t * d) % s == 0 of w[t] * dy[(y + p - t * d) / s]: for
+    the outputs y = phase + s * j those taps are fixed and read dy[j + offset_t], so each phase is a
+    plain convolution over dy (no zeros inserted, no work on them), stored every s-th output.
+    """
+    per_dim = []
+    for dim in range(2):
+        s, p, d, k = g["stride"][dim], g["padding"][dim], g["dilation"][dim], g["kernel"][dim]
+        phases = []
+        for phase in range(min(s, g["in_size"][dim])):
+            taps = [(t, (phase + p - t * d) // s) for t in range(k) if (phase + p - t * d) % s == 0]
+            low = min((offset for _, offset in taps), default=0)
+            phases.append({"phase": phase, "count": math.ceil((g["in_size"][dim] - phase) / s),
+                           "taps": [(t, offset - low) for t, offset in taps], "pad_lo": -low,
+                           "span": max((offset for _, offset in taps), default=low) - low + 1})
+        per_dim.append(phases)
+    result = []
+    for py in per_dim[0]:
+        for px in per_dim[1]:
+            window = _window(k_tiles, itemsize, g["out_size"], [py["pad_lo"], px["pad_lo"]], [1, 1],
+                             [py["span"], px["span"]], [py["count"], px["count"]], PSUM_COLUMNS)
+            window.update(out_offset=[py["phase"], px["phase"]], out_step=g["stride"], taps=[py["taps"], px["taps"]])
+            result.append(window)
+    return result
 
 
 def _is_depthwise(g: dict) -> bool:
@@ -124,20 +155,27 @@ def _is_depthwise(g: dict) -> bool:
 
 
 def _conv_pass(g: dict, dtype: torch.dtype, grad_input: bool) -> dict:
-    """Forward convolution, or (grad_input) the transposed convolution of grad_output."""
+    """Forward convolution, or (grad_input) the transposed convolution of grad_output, as `phases`:
+    output grids (offset, step) each computed from a window walk and its taps (weight index,
+    patch offset) per spatial dim."""
+    itemsize = torch.empty((), dtype=dtype).element_size()
     if grad_input:
-        pad_lo = [d * (k - 1) - p for d, k, p in zip(g["dilation"], g["kernel"], g["padding"])]
-        c = _window_pass("grad_input", g, dtype, g["out_size"], g["stride"], pad_lo, [1, 1], g["in_size"],
-                         PSUM_COLUMNS)
-        c.update(weight="km", group_m=g["in_channels"] // g["groups"], m=g["in_channels"])
+        group_k = g["out_channels"] // g["groups"]
+        c = {"batch": g["batch"], "groups": g["groups"], "group_k": group_k, "k_tiles": math.ceil(group_k / P),
+             "taps": g["kernel"][0] * g["kernel"][1], "kernel": g["kernel"], "weight": "km",
+             "group_m": g["in_channels"] // g["groups"], "m": g["in_channels"]}
+        c["phases"] = _grad_input_phases(g, c["k_tiles"], itemsize)
     else:
-        c = _window_pass("forward", g, dtype, g["in_size"], [1, 1], g["padding"], g["stride"], g["out_size"],
-                         PSUM_COLUMNS)
+        c = _window_pass(g, dtype, g["in_channels"] // g["groups"], PSUM_COLUMNS)
         c.update(weight="mk", group_m=g["out_channels"] // g["groups"], m=g["out_channels"])
+        phase = {key: c.pop(key) for key in ("stride", "pad_lo", "in_size", "out_size", "span", "block_rows",
+                                             "block_cols", "patch_rows", "patch_cols")}
+        phase.update(out_offset=[0, 0], out_step=[1, 1],
+                     taps=[[(t, t * d) for t in range(k)] for k, d in zip(g["kernel"], c.pop("dilation"))])
+        c["phases"] = [phase]
     if _is_depthwise(g):
         c.update(kind="depthwise")
         return c
-    itemsize = torch.empty((), dtype=dtype).element_size()
     per_row = c["k_tiles"] * c["taps"]
     fit = min(PANEL_BYTES // (per_row * itemsize), MAX_TILE_ELEMENTS // per_row)
     # whole 128-row tiles when they fit, else fewer rows (more re-reads of the input patches)
@@ -153,11 +191,10 @@ def _grad_weight_pass(g: dict, dtype: torch.dtype) -> dict:
     tile, tap, 512 input channels) accumulates over the whole batch; the taps are walked in groups
     that fit. Depthwise: GpSimd products, ScalarE sums."""
     if _is_depthwise(g):
-        c = _window_pass("grad_weight", g, dtype, g["in_size"], [1, 1], g["padding"], g["stride"], g["out_size"],
-                         DEPTHWISE_POSITIONS, DEPTHWISE_POSITIONS)
+        c = _window_pass(g, dtype, 1, DEPTHWISE_POSITIONS, DEPTHWISE_POSITIONS)
         c.update(kind="depthwise_grad_weight", m=g["in_channels"])
         return c
-    c = _window_pass("grad_weight", g, dtype, g["in_size"], [1, 1], g["padding"], g["stride"], g["out_size"], P)
+    c = _window_pass(g, dtype, g["in_channels"] // g["groups"], P)
     # the patch covers up to 512 outputs, transposed in sub-blocks of whole rows (<= 128 positions)
     c["sub_rows"] = max(1, P // c["block_cols"])
     group_m = g["out_channels"] // g["groups"]
