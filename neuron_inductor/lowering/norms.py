@@ -358,7 +358,11 @@ def lower_group_norm(node: fx.Node) -> KernelSpec:
     _float_input(x, "input")
     batch, channels, spatial, groups = (int(v) for v in (batch, channels, spatial, groups))
     group_channels = channels // groups
-    # Rows (sample, group) are contiguous runs of the input: [N * G, C / G * S].
+    # Rows (sample, group) are contiguous runs of the input: [N * G, C / G * S]. Fewer rows than
+    # half the partitions split into sub-rows of whole channels (the kernel combines their
+    # statistics), so more partitions work: the layout's groups are then sub-groups.
+    split = next((k for k in range(PARTITIONS // (batch * groups), 1, -1) if group_channels % k == 0), 1)
+    groups, group_channels = groups * split, group_channels // split
     shape = (batch * groups, group_channels * spatial)
     # Live per column: x and y (fp32 worst case).
     layout = row_layout(shape, 1, 8)
@@ -379,7 +383,7 @@ def lower_group_norm(node: fx.Node) -> KernelSpec:
     return KernelSpec(
         family="group_norm",
         params={"eps": float(eps), "has_weight": weight is not None, "has_bias": bias is not None,
-                "groups": groups, "group_channels": group_channels, "spatial": spatial,
+                "split": split, "groups": groups, "group_channels": group_channels, "spatial": spatial,
                 "group_runs": group_runs, **layout},
         inputs=[x, *_optional_float(weight, "weight"), *_optional_float(bias, "bias")],
         outputs=result_values(node), flops=8 * math.prod(shape))
