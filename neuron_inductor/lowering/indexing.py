@@ -3,7 +3,7 @@ and gathers / scatters along the last dim through lane masks.
 
 Row ops (`mode` "row_gather" / "row_scatter"): embedding, index_select, index.Tensor with integer
 index tensors on consecutive dims (broadcast against each other), embedding_dense_backward,
-index_put with one integer index on any dim (the static KV cache's write at dim 2 of
+index_put with integer indices on consecutive dims (the static KV cache's write at dim 2 of
 [B, H, S, D]). The kernel views the table as [outer, rows, inner] (the dims before, at and after the
 indexed ones; several indexed dims flatten into one row number, sum(index_k * stride_k)) and the
 result as [outer, *ids, inner], and handles one outer index at a time. On hardware a row gather is
@@ -152,18 +152,19 @@ def lower_index(node: fx.Node) -> KernelSpec:
     return _row_gather(node, node.args[0], first, tensors)
 
 
-def _row_scatter(node, base, first: int, ids, values, accumulate: bool, padding_idx: int) -> KernelSpec:
+def _row_scatter(node, base, first: int, indices: list, values, accumulate: bool, padding_idx: int) -> KernelSpec:
     """Rows of values [outer, *ids, inner] summed (accumulate) or placed into [outer, rows, inner]."""
-    i, v, out = val(ids), val(values), val(node)
-    params = _row_params("row_scatter", out, first, [i])
-    expected = tuple(out.shape[:first]) + tuple(i.shape) + tuple(out.shape[first + 1:])
+    ids, v, out = [val(i) for i in indices], val(values), val(node)
+    params = _row_params("row_scatter", out, first, ids)
+    ids_shape = tuple(torch.broadcast_shapes(*(i.shape for i in ids)))
+    expected = tuple(out.shape[:first]) + ids_shape + tuple(out.shape[first + len(ids):])
     # values may differ from the indexed shape by size-1 dims only (same elements in the same order)
     if [s for s in v.shape if s != 1] != [s for s in expected if s != 1]:
         raise Unsupported("scattered values broadcast over the indexed shape")
     if v.dtype != out.dtype:
         raise Unsupported(f"scattered values of dtype {v.dtype} into {out.dtype}")
     params.update(accumulate=accumulate, padding_idx=padding_idx, has_base=base is not None)
-    inputs = [values, ids] + ([base] if base is not None else [])
+    inputs = [values, *indices] + ([base] if base is not None else [])
     flops = 2 * v.numel() * params["rows"]
     return KernelSpec("gather_scatter", params, inputs, [node], flops=flops)
 
@@ -173,21 +174,20 @@ def lower_embedding_dense_backward(node: fx.Node) -> KernelSpec:
     grad, ids, num_weights, padding_idx, scale_grad_by_freq = node.args[:5]
     if scale_grad_by_freq:
         raise Unsupported("scale_grad_by_freq")
-    return _row_scatter(node, None, 0, ids, grad, True, int(padding_idx))
+    return _row_scatter(node, None, 0, [ids], grad, True, int(padding_idx))
 
 
 @register_lowering(aten.index_put.default)
 def lower_index_put(node: fx.Node) -> KernelSpec:
-    """index_put(self, [None, ..., ids], values, accumulate): one integer index on any dim (the
-    static KV cache's `cache.index_copy_(2, cache_position, states)`). Without accumulate the rows
+    """index_put(self, [None, ..., ids, ...], values, accumulate): integer indices on consecutive
+    dims (the static KV cache's `cache.index_copy_(2, cache_position, states)`; several broadcast
+    indices in the backward of `x[i, j]`). Without accumulate the rows
     named by ids are replaced; of duplicate ids the last one wins, as in eager on the CPU (PyTorch
     leaves it unspecified)."""
     base, values = node.args[0], node.args[2]
     accumulate = bool(arg(node, 3, "accumulate", False))
     first, tensors = _indexed_dims(list(node.args[1]), "index_put")
-    if len(tensors) != 1:
-        raise Unsupported("index_put with several index tensors")
-    return _row_scatter(node, base, first, tensors[0], values, accumulate, -1)
+    return _row_scatter(node, base, first, tensors, values, accumulate, -1)
 
 
 # ---- lane ops: gather / scatter along the last dim ------------------------------------------------

@@ -432,3 +432,30 @@ def test_index_of_integer_and_bool_tables(dtype):
     (out,), (ref,), _ = run_lowered(lambda t, i: torch.index_select(t, 1, i), [table, kv.flatten()[:7]],
                                     aten.index_select.default)
     assert out.dtype == ref.dtype and torch.equal(out, ref)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("accumulate", [False, True])
+@pytest.mark.parametrize("table_shape,first,index_shapes", [
+    ((3, 200, 4), 0, [(3, 1), (1, 130)]),      # rows x columns of a [3, 200] grid, broadcast, 2 token tiles
+    ((2, 5, 7), 1, [(6,), (6,)]),              # pairs on dims 1 and 2 after a sliced dim
+], ids=str)
+def test_index_put_with_several_broadcast_indices(table_shape, first, index_shapes, accumulate, dtype):
+    """The backward of `x[i, j]` (accumulate) and `x[i, j] = v`: distinct positions when replacing
+    (eager leaves repeated ones unspecified), repeated ones adding up when accumulating."""
+    base = torch.randn(table_shape, dtype=dtype)
+    sizes = table_shape[first:first + len(index_shapes)]
+    if len(index_shapes[0]) == 2:
+        indices = [torch.randperm(sizes[0])[:3].reshape(3, 1), torch.randperm(sizes[1])[:130].reshape(1, 130)]
+    else:
+        flat = torch.randperm(sizes[0] * sizes[1])[:6]
+        indices = [flat // sizes[1], flat % sizes[1]]
+    if accumulate:
+        indices[-1].view(-1)[-1] = indices[-1].view(-1)[0]
+        indices[0].view(-1)[-1] = indices[0].view(-1)[0]
+    ids_shape = torch.broadcast_shapes(*(i.shape for i in indices))
+    values = torch.randn(*table_shape[:first], *ids_shape, *table_shape[first + len(indices):], dtype=dtype)
+    fn = lambda b, v, *idx: aten.index_put(b, [None] * first + list(idx), v, accumulate)  # noqa: E731
+    (out,), _, _ = run_lowered(fn, [base, values, *indices], aten.index_put.default)
+    reference = aten.index_put(base.float(), [None] * first + indices, values.float(), accumulate).to(dtype)
+    assert_close(out, reference)
