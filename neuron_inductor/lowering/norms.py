@@ -278,10 +278,16 @@ def channel_layout(shape: tuple[int, ...], bytes_per_col: int) -> dict:
     """Template params placing the channels (dim 1) of `shape` on partitions and every sample's
     spatial positions on the free axis: columns n * S + s of an [N, C, S] view, in column chunks
     whose live tiles take `bytes_per_col` bytes per column. A chunk is a list of pieces, each one
-    DMA of one sample's contiguous spatial run: {"n", "s": [start, stop], "at": [start, stop]}."""
+    DMA of one sample's contiguous spatial run: {"n", "s": [start, stop], "at": [start, stop]}.
+
+    With at most 64 channels the samples split into `split` equal blocks, block j on partitions
+    [j * C, (j + 1) * C) with samples [j * batch, (j + 1) * batch) (`batch` is then per block),
+    so more partitions work; the kernel combines the blocks' statistics."""
     batch, channels, spatial = shape[0], shape[1], math.prod(shape[2:])
     if batch * channels * spatial == 0:
         raise Unsupported("empty tensor")
+    split = next((k for k in range(PARTITIONS // channels, 1, -1) if batch % k == 0), 1)
+    batch //= split
     col_chunks = []
     for span in spans((batch, spatial), max(1, SBUF_BUDGET // bytes_per_col), CHUNK_ALIGN):
         pieces = []
@@ -294,10 +300,10 @@ def channel_layout(shape: tuple[int, ...], bytes_per_col: int) -> dict:
         col_chunks.append({"size": span["size"], "pieces": pieces})
     channel_tiles = [{"start": start, "size": size} for start, size in
                      ((start, min(PARTITIONS, channels - start)) for start in range(0, channels, PARTITIONS))]
-    dmas = len(channel_tiles) * sum(len(chunk["pieces"]) for chunk in col_chunks)
+    dmas = split * len(channel_tiles) * sum(len(chunk["pieces"]) for chunk in col_chunks)
     if dmas > MAX_BATCH_NORM_DMAS:
         raise Unsupported(f"{dmas} DMAs for {batch} samples of {spatial} positions (over {MAX_BATCH_NORM_DMAS})")
-    return {"batch": batch, "channels": channels, "spatial": spatial,
+    return {"batch": batch, "split": split, "channels": channels, "spatial": spatial,
             "channel_tiles": channel_tiles, "col_chunks": col_chunks}
 
 
