@@ -26,6 +26,8 @@ EVAL = aten._native_batch_norm_legit_no_training.default
 
 # [N, C, ...]: channels below, at and above the 128 partitions; spatial runs of one element
 # (BatchNorm1d on [N, C]), of a 512-column stats group, and one over a column chunk (two passes).
+# At most 64 channels split the samples into blocks on more partitions (by 2, 4 and 3 here; one
+# sample cannot split).
 SHAPES = [(2, 3, 4, 5), (4, 130, 7, 7), (2, 128, 16, 16), (8, 20), (1, 4, 3), (3, 5, 100, 100)]
 
 
