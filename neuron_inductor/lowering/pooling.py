@@ -3,8 +3,8 @@ backwards.
 
 Every [H, W] plane (one sample and channel) sits on one partition, whole, 128 planes per tile;
 the kernel walks the kh * kw window offsets, each a strided [OH, OW] view of the (padded) plane.
-ceil_mode windows may run past the padding: the padded plane grows to hold them. Dilation and
-planes too large for SBUF raise Unsupported.
+ceil_mode windows may run past the padding: the padded plane grows to hold them; max pooling's
+dilation spaces the offsets. Planes too large for SBUF raise Unsupported.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ def _pair(values, what: str) -> tuple[int, int]:
     return values[0], values[1]
 
 
-def _plane_geometry(x: fx.Node, output: tuple[int, int], kernel, stride, padding) -> dict:
+def _plane_geometry(x: fx.Node, output: tuple[int, int], kernel, stride, padding, dilation=(1, 1)) -> dict:
     """Template params of a pooling over the last two dims of `x` into [OH, OW] = `output`."""
     value = val(x)
     if value.dtype not in (torch.float32, torch.bfloat16, torch.float16):
@@ -43,50 +43,51 @@ def _plane_geometry(x: fx.Node, output: tuple[int, int], kernel, stride, padding
     if len(shape) not in (3, 4):
         raise Unsupported(f"{len(shape)}-d input (2-d pooling takes [C, H, W] or [N, C, H, W])")
     planes, (height, width) = math.prod(shape[:-2]), shape[-2:]
-    (kh, kw), (sh, sw), (ph, pw) = kernel, stride, padding
+    (kh, kw), (sh, sw), (ph, pw), (dh, dw) = kernel, stride, padding, dilation
     out_h, out_w = output
     if planes * height * width == 0 or out_h * out_w == 0:
         raise Unsupported("empty tensor")
     if kh * kw > MAX_WINDOW:
         raise Unsupported(f"{kh}x{kw} window (over {MAX_WINDOW} offsets)")
     # ceil_mode's last windows may run past the padding.
-    padded_h = max(height + 2 * ph, (out_h - 1) * sh + kh)
-    padded_w = max(width + 2 * pw, (out_w - 1) * sw + kw)
+    padded_h = max(height + 2 * ph, (out_h - 1) * sh + (kh - 1) * dh + 1)
+    padded_w = max(width + 2 * pw, (out_w - 1) * sw + (kw - 1) * dw + 1)
     # Live per partition (fp32): the plane, its padded copy, and about 8 [OH, OW] tiles.
     if 4 * (height * width + padded_h * padded_w + 8 * out_h * out_w) > SBUF_BUDGET:
         raise Unsupported(f"{height}x{width} planes do not fit one partition of SBUF")
     return {"planes": planes, "height": height, "width": width, "out_h": out_h, "out_w": out_w,
-            "kh": kh, "kw": kw, "sh": sh, "sw": sw, "ph": ph, "pw": pw,
+            "kh": kh, "kw": kw, "sh": sh, "sw": sw, "ph": ph, "pw": pw, "dh": dh, "dw": dw,
             "padded_h": padded_h, "padded_w": padded_w,
             "plane_tiles": [[start, min(PARTITIONS, planes - start)] for start in range(0, planes, PARTITIONS)]}
 
 
-def _output_size(size: int, kernel: int, stride: int, padding: int, ceil_mode: bool) -> int:
-    """ATen's pooling_output_shape (dilation 1): a ceil_mode window must start inside the input or
-    its left padding."""
-    out = (size + 2 * padding - kernel + (stride - 1 if ceil_mode else 0)) // stride + 1
+def _output_size(size: int, kernel: int, stride: int, padding: int, dilation: int, ceil_mode: bool) -> int:
+    """ATen's pooling_output_shape: a ceil_mode window must start inside the input or its left
+    padding."""
+    out = (size + 2 * padding - dilation * (kernel - 1) - 1 + (stride - 1 if ceil_mode else 0)) // stride + 1
     if ceil_mode and (out - 1) * stride >= size + padding:
         out -= 1
     return out
 
 
-def _window_args(args: dict) -> tuple[tuple[int, int], tuple[int, int], tuple[int, int], tuple[int, int]]:
-    """kernel, stride (the kernel when empty), padding and the output size."""
+def _window_args(args: dict) -> tuple[tuple[int, int], ...]:
+    """kernel, stride (the kernel when empty), padding, dilation (1 for average pools) and the
+    output size."""
     kernel = _pair(args["kernel_size"], "kernel_size")
     stride = _pair(args["stride"], "stride") if args["stride"] else kernel
     padding = _pair(args["padding"], "padding")
-    if "dilation" in args and _pair(args["dilation"], "dilation") != (1, 1):
-        raise Unsupported(f"dilation {list(args['dilation'])}")
+    dilation = _pair(args["dilation"], "dilation") if "dilation" in args else (1, 1)
     size = [int(s) for s in val(args["self"]).shape[-2:]]
-    output = tuple(_output_size(size[d], kernel[d], stride[d], padding[d], bool(args["ceil_mode"])) for d in range(2))
-    return kernel, stride, padding, output
+    output = tuple(_output_size(size[d], kernel[d], stride[d], padding[d], dilation[d], bool(args["ceil_mode"]))
+                   for d in range(2))
+    return kernel, stride, padding, dilation, output
 
 
 @register_lowering(aten.max_pool2d_with_indices.default)
 def lower_max_pool(node: fx.Node) -> KernelSpec:
     args = bind_arguments(node)
-    kernel, stride, padding, output = _window_args(args)
-    geometry = _plane_geometry(args["self"], output, kernel, stride, padding)
+    kernel, stride, padding, dilation, output = _window_args(args)
+    geometry = _plane_geometry(args["self"], output, kernel, stride, padding, dilation)
     return KernelSpec(family="pool", params={"mode": "max", **geometry}, inputs=[args["self"]],
                       outputs=result_values(node), flops=kernel[0] * kernel[1] * val(node)[0].numel())
 
@@ -94,15 +95,15 @@ def lower_max_pool(node: fx.Node) -> KernelSpec:
 @register_lowering(aten.max_pool2d_with_indices_backward.default)
 def lower_max_pool_backward(node: fx.Node) -> KernelSpec:
     args = bind_arguments(node)
-    kernel, stride, padding, output = _window_args(args)
-    geometry = _plane_geometry(args["self"], output, kernel, stride, padding)
+    kernel, stride, padding, dilation, output = _window_args(args)
+    geometry = _plane_geometry(args["self"], output, kernel, stride, padding, dilation)
     return KernelSpec(family="pool", params={"mode": "max_backward", **geometry},
                       inputs=[args["grad_output"], args["indices"]], outputs=[node],
                       flops=3 * kernel[0] * kernel[1] * val(args["grad_output"]).numel())
 
 
 def _avg_params(args: dict) -> tuple[dict, int]:
-    kernel, stride, padding, output = _window_args(args)
+    kernel, stride, padding, _dilation, output = _window_args(args)
     geometry = _plane_geometry(args["self"], output, kernel, stride, padding)
     override = args["divisor_override"]
     if override is not None and int(override) == 0:

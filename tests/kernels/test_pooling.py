@@ -45,8 +45,8 @@ def inputs(shape, dtype, strided=False):
     return torch.randn(shape).to(dtype)
 
 
-def max_pool_graph(x, kernel, stride, padding, ceil_mode=False):
-    window = ([kernel] * 2, [stride] * 2, [padding] * 2, [1, 1], ceil_mode)
+def max_pool_graph(x, kernel, stride, padding, ceil_mode=False, dilation=1):
+    window = ([kernel] * 2, [stride] * 2, [padding] * 2, [dilation] * 2, ceil_mode)
 
     def fn(x, dy):
         y, indices = aten.max_pool2d_with_indices(x, *window)
@@ -118,6 +118,29 @@ def test_pool_ceil_mode(shape, kernel, stride, padding, dtype, count_include_pad
     check(gm, args, AVG_BACKWARD)
 
 
+# Dilated max pools: (shape, kernel, stride, padding, dilation, ceil_mode), windows whose first
+# input element is a few dilation steps past the padding among them.
+DILATED = [((2, 3, 9, 11), 2, 1, 0, 2, False), ((2, 3, 10, 9), 3, 2, 1, 2, False), ((1, 130, 12, 13), 3, 1, 1, 3, True),
+           ((5, 16, 17), 2, 3, 1, 3, True)]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape,kernel,stride,padding,dilation,ceil_mode", DILATED)
+def test_max_pool_dilation(shape, kernel, stride, padding, dilation, ceil_mode, dtype):
+    gm, args = max_pool_graph(inputs(shape, dtype), kernel, stride, padding, ceil_mode, dilation)
+    actual, expected, _ = run_node(gm, args, MAX)
+    assert torch.equal(actual[0], expected[0]) and torch.equal(actual[1], expected[1])
+    check(gm, args, MAX_BACKWARD)
+
+
+def test_max_pool_dilation_all_minus_inf():
+    """Windows of -inf only keep their first input element's index, dilation steps past the padding."""
+    x = torch.full((1, 1, 7, 7), float("-inf"))
+    gm, args = max_pool_graph(x, 3, 1, 1, dilation=3)
+    actual, expected, _ = run_node(gm, args, MAX)
+    assert torch.equal(actual[1], expected[1])
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_pool_strided_input(dtype):
     x = inputs((2, 6, 8, 7), dtype, strided=True)
@@ -161,7 +184,6 @@ def test_adaptive_avg_pool(shape, output, dtype):
 def test_pool_unsupported():
     x = torch.randn(1, 2, 7, 7)
     cases = [
-        (lambda x: aten.max_pool2d_with_indices(x, [2, 2], [1, 1], [0, 0], [2, 2]), MAX, "dilation"),
         (lambda x: aten.avg_pool2d(x, [9, 9], [1, 1], [4, 4]), AVG, "offsets"),
     ]
     for fn, target, reason in cases:
