@@ -363,6 +363,8 @@ def lower_group_norm(node: fx.Node) -> KernelSpec:
     x, weight, bias, batch, channels, spatial, groups, eps = node.args
     _float_input(x, "input")
     batch, channels, spatial, groups = (int(v) for v in (batch, channels, spatial, groups))
+    if batch * channels * spatial == 0:
+        raise Unsupported("empty tensor")
     group_channels = channels // groups
     # Rows (sample, group) are contiguous runs of the input: [N * G, C / G * S]. Fewer rows than
     # half the partitions split into sub-rows of whole channels (the kernel combines their

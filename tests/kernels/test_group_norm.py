@@ -9,6 +9,8 @@ ops, checked by the compiled test below.
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 import torch.nn as nn
@@ -37,7 +39,7 @@ def group_norm_case(shape, groups, dtype, param_dtype=None, has_weight=True, has
     x = (torch.randn(shape) * 3 + 1).to(dtype)
     w = torch.randn(channels, dtype=param_dtype) if has_weight else None
     b = torch.randn(channels, dtype=param_dtype) if has_bias else None
-    spatial = x[0, 0].numel()
+    spatial = math.prod(shape[2:])
 
     def fn(x, w, b):
         return GROUP_NORM(x, w, b, shape[0], channels, spatial, groups, eps)
@@ -76,6 +78,9 @@ def test_group_norm_strided_input():
 def test_group_norm_unsupported():
     gm, _ = group_norm_case((2, 4, 3), 2, torch.float64)
     with pytest.raises(Unsupported, match="dtype"):
+        LOWERINGS[GROUP_NORM](last_node(gm, GROUP_NORM))
+    gm, _ = group_norm_case((0, 4, 3), 2, torch.float32)
+    with pytest.raises(Unsupported, match="empty"):
         LOWERINGS[GROUP_NORM](last_node(gm, GROUP_NORM))
     gm, _ = group_norm_case((64, 4099, 10), 1, torch.float32)  # 4099 channels: no split
     with pytest.raises(Unsupported, match="affine instructions"):
