@@ -12,7 +12,10 @@ the kernels use the TensorE formulation instead, which is exact and runs unchang
 but costs O(rows) per token tile -- right for small tables, not for 100k-row vocabularies:
   gather:       out[T, I]  = onehot(ids)[T, V] @ W[V, I]    (one-hot built transposed, [V, T])
   scatter-add:  dW[V, I]  += onehot(ids)^T[V, T] @ dY[T, I]  (duplicates accumulate in PSUM)
-Integer and bool tables are gathered exactly too (see TABLE_KINDS). Token ids are compared in fp32
+Gathers and replacing scatters move W's / the values' bits through the matmul (TABLE_KINDS), so no
+0 * inf happens; a scatter-add multiplies the values themselves, so an inf / NaN in dY still turns
+the other rows of its column into NaN.
+Integer and bool tables are gathered exactly too. Token ids are compared in fp32
 (exact below 2**24). Negative ids count back from the end of their dim, as in eager; out-of-range
 ids match no row: a gather returns zeros and a scatter drops the row (PyTorch raises).
 
@@ -50,13 +53,14 @@ aten = torch.ops.aten
 LANE_FMAX = FREE_MAX // 4
 
 
-# How a row gather moves each table dtype through its fp32 one-hot matmul, exactly: floats as they
-# are, small integers (|x| < 2**16) as fp32, 32-bit integers (int64 moves through int32 tiles) as
-# two fp32 halves of 16 bits joined by shift and or.
+# How a row gather moves each table dtype through its fp32 one-hot matmul, exactly (a product
+# 0 * x never meets a non-finite x): small integers (|x| < 2**16) as fp32 values, 16-bit floats as
+# their bits read as int16, 32-bit floats and integers (int64 moves through int32 tiles) as two fp32
+# halves of their bits, joined by shift and or.
 TABLE_KINDS = {
-    torch.float32: "float", torch.bfloat16: "float", torch.float16: "float",
+    torch.float32: "bits32", torch.int32: "bits32", torch.int64: "bits32",
+    torch.bfloat16: "bits16", torch.float16: "bits16",
     torch.bool: "small_int", torch.uint8: "small_int", torch.int8: "small_int", torch.int16: "small_int",
-    torch.int32: "int32", torch.int64: "int32",
 }
 
 

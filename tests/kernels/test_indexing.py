@@ -459,3 +459,25 @@ def test_index_put_with_several_broadcast_indices(table_shape, first, index_shap
     (out,), _, _ = run_lowered(fn, [base, values, *indices], aten.index_put.default)
     reference = aten.index_put(base.float(), [None] * first + indices, values.float(), accumulate).to(dtype)
     assert_close(out, reference)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_row_ops_move_non_finite_values_exactly(dtype):
+    """Gathers and replacing index_puts move bits: an inf / NaN / -0.0 in a row no token names
+    stays out of the other rows (no 0 * inf in the one-hot matmul), and lands exactly where named."""
+    table = torch.randn(150, 6)
+    table[0, :3] = torch.tensor(NON_FINITE)
+    table[149, 3:] = torch.tensor([-0.0, math.inf, -math.inf])
+    table = table.to(dtype)
+    ids = torch.tensor([[1, 149, 2], [0, 5, 1]])
+    (out,), (ref,), _ = run_lowered(lambda t, i: t[i], [table, ids], aten.index.Tensor)
+    assert_same_values(out, ref)
+    assert torch.equal(out.signbit(), ref.signbit())  # -0.0 kept
+    (out,), (ref,), _ = run_lowered(lambda t, i: torch.index_select(t, 1, i), [table, ids[1]], aten.index_select.default)
+    assert_same_values(out, ref)
+    values = torch.randn(3, 6).to(dtype)
+    values[0, 0], values[2, 5] = math.nan, -math.inf
+    positions = torch.tensor([3, 149, 7])
+    (out,), (ref,), _ = run_lowered(lambda t, i, v: t.index_put([i], v), [table, positions, values],
+                                    aten.index_put.default)
+    assert_same_values(out, ref)
