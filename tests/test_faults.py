@@ -58,7 +58,7 @@ CHILD = textwrap.dedent("""
         time.sleep(600)
 
     if phase == "compile":
-        runtime.compile_static_graph = stop_here
+        runtime.compile_and_build = stop_here
     elif phase == "write":
         os.fsync = stop_here
 
