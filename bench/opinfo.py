@@ -84,12 +84,7 @@ KNOWN_ISSUES: dict[str, tuple[str, str, str]] = {}
 
 # Root causes of kernels that broke a hardware rule in passing ops (the backend ran their ops on the
 # host instead): the rule as the interpreter names it -> cause.
-RULE_VIOLATION_CAUSES: dict[str, str] = {
-    "bitvec ops need integer dtypes": (
-        "torch.where on 0-d (or broadcast) integer tensors: the pointwise kernel's bit select runs on an "
-        "operand loaded as an fp32 [P, 1] column (lowering/pointwise.py loads every 'col' / scalar operand "
-        "as float32; the interpreter refuses it, hardware would combine float bit patterns) [where_int_scalar.py]"),
-}
+RULE_VIOLATION_CAUSES: dict[str, str] = {}
 
 
 def known_issue(name: str, dtype: str) -> tuple[str, str] | None:

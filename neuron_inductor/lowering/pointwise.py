@@ -18,8 +18,8 @@ Reusable pieces (for epilogues / prologues of the matmul, reduction and norm fam
   scalar_tensor_tensor, reciprocal, tensor_copy, iota), `program.results` what each output is
   (an SSA name or an immediate). The program is layout-free: it never says how tiles are shaped.
 - `resolve_program(program, kinds, hoisted, store_dtypes) -> ResolvedProgram`: binds every input
-  to an operand kind ("tile" = a [P, F] tile, "col" = an fp32 [P, 1] column broadcast along the
-  free dim), selects the nisa form of each instruction for those kinds (e.g. tensor_tensor with a
+  to an operand kind ("tile" = a [P, F] tile, "col" = a [P, 1] column broadcast along the
+  free dim, fp32 or, for integer inputs, int32), selects the nisa form of each instruction for those kinds (e.g. tensor_tensor with a
   column becomes tensor_scalar), reuses dead tiles in place and plans the casts of the stores.
   Its `instrs` are plain dicts rendered by `codegen_templates/_pointwise_ops.py.j2`
   (`{% from "_pointwise_ops.py.j2" import instruction %}`, one call per instruction with the
@@ -110,6 +110,12 @@ class ProgramInput:
     @property
     def tile_dtype(self) -> str:
         return on_chip_name(self.dtype)
+
+    @property
+    def column_dtype(self) -> str:
+        """The dtype of the [P, 1] column a broadcast input is read into: int32 for integers (bit
+        selects and exact integer math need integer operands), fp32 for the rest."""
+        return "int32" if self.tile_dtype in ("int32", "int16", "int8") else "float32"
 
 
 @dataclass
@@ -801,6 +807,7 @@ def lower_pointwise_group(nodes: list[fx.Node], outputs: list[fx.Node]) -> Kerne
 
 _NL_DTYPE = {"float32": "nl.float32", "bfloat16": "nl.bfloat16", "float16": "nl.float16", "int32": "nl.int32",
              "int16": "nl.int16", "int8": "nl.int8", "uint8": "nl.uint8"}
+# Bit ops take integer column operands as they are (tensor_scalar wants fp32 columns otherwise).
 _BITVEC = {"bitwise_and", "bitwise_or", "bitwise_xor"}
 
 
@@ -825,7 +832,7 @@ class _Resolver:
     def __init__(self, program: PointwiseProgram, kinds: dict[str, str], hoisted: set[str]):
         self.program = program
         self.col = {name: kind == "col" for name, kind in kinds.items()}
-        self.dtype = {inp.name: ("float32" if kinds[inp.name] == "col" else inp.tile_dtype)
+        self.dtype = {inp.name: (inp.column_dtype if kinds[inp.name] == "col" else inp.tile_dtype)
                       for inp in program.inputs}
         self.var = {name: name for name in kinds}
         self.alloc_dtype = dict(self.dtype)  # dtype a tile variable was allocated with
@@ -919,8 +926,9 @@ def resolve_program(program: PointwiseProgram, kinds: dict[str, str], hoisted: s
                 if ins.kind == "tt":  # col op tile -> tensor_scalar on the tile, operand reversed
                     reuse = reusable(other, i, alloc_dtype, False)
                     dst, alloc = r.define(ins.out, alloc_dtype, False, reuse)
+                    operand = x if ins.bits or ins.attr("op") in _BITVEC else r.float_col(x)
                     r.emit("tensor_scalar", dst, alloc, ins.bits, data=r.operand(other, ins.bits),
-                           op0=ins.attr("op"), operand0=r.operand(r.float_col(x) if not ins.bits else x, ins.bits),
+                           op0=ins.attr("op"), operand0=r.operand(operand, ins.bits),
                            rev0=True, op1=None, operand1=None, rev1=False)
                 else:  # (col op0 a0) op1 tile -> a column temporary, then tensor_scalar
                     temp = f"{ins.out}_col"
@@ -934,7 +942,7 @@ def resolve_program(program: PointwiseProgram, kinds: dict[str, str], hoisted: s
                 continue
             if not r.col[x] and r.col[other]:
                 reuse = reusable(x, i, alloc_dtype, False)
-                operand = other if ins.bits else r.float_col(other)
+                operand = other if ins.bits or (ins.kind == "tt" and ins.attr("op") in _BITVEC) else r.float_col(other)
                 dst, alloc = r.define(ins.out, alloc_dtype, False, reuse)
                 if ins.kind == "tt":
                     r.emit("tensor_scalar", dst, alloc, ins.bits, data=r.operand(x, ins.bits), op0=ins.attr("op"),
@@ -1101,7 +1109,7 @@ def plan_kernel(program: PointwiseProgram) -> dict:
 
 
 def _load(var: str, view: str, roles: list[str], inp: ProgramInput, kind: str) -> dict:
-    dtype = "nl.float32" if kind in ("col", "scalar") else _NL_DTYPE[inp.tile_dtype]
+    dtype = _NL_DTYPE[inp.column_dtype if kind in ("col", "scalar") else inp.tile_dtype]
     return {"var": var, "view": view, "roles": roles, "dtype": dtype, "kind": kind}
 
 

@@ -304,6 +304,18 @@ def test_integer_math(dtype):
           a, b, rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32])
+@pytest.mark.parametrize("shape", [(), (300, 1)])
+def test_integer_column_operands_stay_integers(dtype, shape):
+    """0-d and [P, 1] integer inputs are int32 columns: where's bit select and exact integer math
+    need integer operands (an fp32 column broke the bitvec dtype rule)."""
+    a = torch.randint(-(2 ** 30), 2 ** 30, shape, dtype=dtype)
+    a.view(-1)[0] = -1
+    wide = torch.randint(-1000, 1000, (300, 64), dtype=dtype)
+    check(lambda a: torch.where(a == -1, 0, a), a, rtol=0, atol=0)
+    check(lambda a, w: torch.where(a > 0, a, w), a, wide, rtol=0, atol=0)
+
+
 def test_creation_ops():
     check(lambda x: (torch.full_like(x, 3.5), torch.zeros_like(x, dtype=torch.int32), torch.ones_like(x) + x),
           randn(20, 30), **FP32)
