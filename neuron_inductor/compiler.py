@@ -109,7 +109,8 @@ def _check_input(node: fx.Node, narrowed: set[fx.Node]) -> torch.Tensor:
     return torch.zeros([int(s) for s in val.shape], dtype=dtype)
 
 
-def check_kernels(kernels: dict[str, Callable], lowered: LoweredGraph, target: str) -> dict[str, dict]:
+def check_kernels(kernels: dict[str, Callable], sources: dict[str, str], lowered: LoweredGraph,
+                  target: str) -> dict[str, dict]:
     """Run every kernel once in the interpreter on zeros of its arguments' shapes and dtypes, before
     any real data reaches it, as the Neuron compiler checks a kernel when it builds it.
 
@@ -120,16 +121,22 @@ def check_kernels(kernels: dict[str, Callable], lowered: LoweredGraph, target: s
     """
     narrowed = lowered.int32_values()
     estimates: dict[str, dict] = {}
+    checked: dict[tuple, dict] = {}  # a model's repeated layers repeat kernels: each is run once
     for index, spec in enumerate(lowered.kernels):
         progress.kernel_step("check", index, len(lowered.kernels), spec.name)
         args = [_check_input(node, narrowed) for node in spec.inputs]
+        same = (sources[spec.name].replace(f"def {spec.name}(", "def kernel(", 1),
+                tuple((tuple(a.shape), a.dtype) for a in args))
+        if same in checked:
+            estimates[spec.name] = checked[same]
+            continue
         try:
             with sim.trace(isolated=True) as recorded:
                 kernels[spec.name](*args)
         except sim.NkiError as exc:
             raise KernelRuleViolation(spec.name, exc) from exc
         estimate = recorded.estimate(target=target)
-        estimates[spec.name] = {
+        estimates[spec.name] = checked[same] = {
             "seconds": estimate.total_seconds,
             "engine_seconds": dict(estimate.engine_seconds),
             "tensor_flops": sum(i.flops for i in recorded.instructions if i.engine == "tensor"),
@@ -157,7 +164,7 @@ def compile_and_build(gm: fx.GraphModule, fallback_mode: str, toolchain: Toolcha
             return artifact, lowered, kernels
         start = time.perf_counter()
         try:
-            artifact.meta["estimates"] = check_kernels(kernels, lowered, target)
+            artifact.meta["estimates"] = check_kernels(kernels, artifact.kernel_sources, lowered, target)
         except KernelRuleViolation as violation:
             if fallback_mode == "error":
                 raise

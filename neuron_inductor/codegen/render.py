@@ -153,9 +153,28 @@ def all_template_hashes() -> dict[str, str]:
             for p in sorted(templates_dir().glob("[!_]*.py.j2"))}
 
 
+# Stands for the kernel's name in memoized sources: a model's repeated layers render the same
+# kernels under other names, and rendering is deterministic, so each distinct kernel renders once.
+_NAME = "__neuron_kernel__"
+_rendered: dict[tuple, str] = {}
+
+
 def render_template(family: str, kernel_name: str, inputs: list[TensorArg], outputs: list[TensorArg],
                     params: dict) -> str:
     """Render one kernel and check that the result is valid Python."""
+    key = (environment(), family, tuple(inputs), tuple(outputs), repr(params))
+    memoizable = " at 0x" not in key[-1]  # an object's default repr names its address, not its content
+    source = _rendered.get(key) if memoizable else None
+    if source is None:
+        source = _render(family, kernel_name, inputs, outputs, params)
+        if memoizable:
+            _rendered[key] = source
+    return source.replace(f"def {_NAME}(", f"def {kernel_name}(", 1)
+
+
+def _render(family: str, kernel_name: str, inputs: list[TensorArg], outputs: list[TensorArg],
+            params: dict) -> str:
+    """The source with the kernel named `_NAME` (`kernel_name` is for messages)."""
     try:
         template = environment().get_template(f"{family}.py.j2")
     except jinja2.TemplateNotFound:
@@ -164,7 +183,7 @@ def render_template(family: str, kernel_name: str, inputs: list[TensorArg], outp
     if clash:
         raise TemplateError(f"kernel params may not redefine {sorted(clash)}")
     try:
-        source = template.render(kernel_name=kernel_name, inputs=inputs, outputs=outputs, **params)
+        source = template.render(kernel_name=_NAME, inputs=inputs, outputs=outputs, **params)
     except jinja2.TemplateError as exc:
         raise TemplateError(f"template {family}.py.j2 failed to render {kernel_name}: {exc}") from exc
     try:

@@ -38,3 +38,20 @@ def test_a_template_writing_a_bare_inf_fails_to_render(monkeypatch):
     env.filters["literal"] = literal
     env.loader.mapping["bare.py.j2"] = "def {{ kernel_name }}():\n    return {{ fill | literal }}\n"
     assert "return float('-inf')" in render.render_template("bare", "k0_bare", [], [], {"fill": -math.inf})
+
+
+
+def test_a_repeated_kernel_renders_once_under_each_name(monkeypatch):
+    """A model's repeated layers ask for the same kernel under other names: one render, renamed."""
+    source = "def {{ kernel_name }}(in0):\n    return in0 * {{ scale | literal }}\n"
+    env = jinja2.Environment(loader=jinja2.DictLoader({"scaled.py.j2": source}), undefined=jinja2.StrictUndefined)
+    env.filters["literal"] = literal
+    monkeypatch.setattr(render, "environment", lambda: env)
+    original, renders = render._render, []
+    monkeypatch.setattr(render, "_render", lambda *args: renders.append(args[1]) or original(*args))
+    first = render.render_template("scaled", "k0_scaled", [], [], {"scale": 2.0})
+    second = render.render_template("scaled", "k7_scaled", [], [], {"scale": 2.0})
+    other = render.render_template("scaled", "k8_scaled", [], [], {"scale": 3.0})
+    assert renders == ["k0_scaled", "k8_scaled"]
+    assert first == "def k0_scaled(in0):\n    return in0 * 2.0"
+    assert second == first.replace("k0_scaled", "k7_scaled") and "in0 * 3.0" in other
