@@ -14,7 +14,7 @@ import torch
 import torch.fx as fx
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from neuron_inductor import sim
+from neuron_inductor import config, sim
 from neuron_inductor.codegen.render import render_kernel
 from neuron_inductor.decompositions import neuron_decompositions
 from neuron_inductor.lowering.ir import KernelSpec
@@ -169,3 +169,17 @@ def check_node(gm: fx.GraphModule, args, target, source_check=None) -> None:
     """Run the last `target` node's kernel and `assert_all_close` every output with eager."""
     actual, expected, _ = run_node(gm, args, target, source_check)
     assert_all_close(actual, expected)
+
+
+def compiled_forward_backward(fn, x: torch.Tensor, grad: torch.Tensor, cache_dir) -> tuple[torch.Tensor, torch.Tensor]:
+    """`fn(x)` and the gradient of x through torch.compile(backend="neuron") with every op in a
+    kernel (fallback="error"), from a fresh Dynamo state and compile cache."""
+    x = x.detach().clone().requires_grad_()
+    torch._dynamo.reset()
+    try:
+        with config.patch(fallback="error", cache_dir=str(cache_dir)):
+            out = torch.compile(fn, backend="neuron")(x)
+            out.backward(grad)
+    finally:
+        torch._dynamo.reset()
+    return out.detach(), x.grad

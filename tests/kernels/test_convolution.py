@@ -12,11 +12,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from neuron_inductor import config
 from neuron_inductor.lowering.ir import Unsupported
 from neuron_inductor.lowering.registry import LOWERINGS
 
-from .harness import DTYPES, aten_graph, assert_close, last_node, op_graph, run_node
+from .harness import DTYPES, compiled_forward_backward, aten_graph, assert_close, last_node, op_graph, run_node
 
 aten = torch.ops.aten
 CONV = aten.convolution.default
@@ -194,19 +193,13 @@ def test_compiled_conv_block_forward_backward(name, tmp_path):
     make_block, shape = BLOCKS[name]
     block = make_block()
     x = torch.randn(*shape)
-    eager_x, compiled_x = x.clone().requires_grad_(), x.clone().requires_grad_()
+    eager_x = x.clone().requires_grad_()
     expected = block(eager_x)
     grad = torch.randn_like(expected)
     expected.backward(grad)
     expected_grads = [eager_x.grad] + [p.grad.clone() for p in block.parameters()]
     block.zero_grad()
-    torch._dynamo.reset()
-    try:
-        with config.patch(fallback="error", cache_dir=str(tmp_path)):
-            actual = torch.compile(block, backend="neuron")(compiled_x)
-            actual.backward(grad)
-    finally:
-        torch._dynamo.reset()
-    assert_close(actual.detach(), expected.detach(), fp32_rtol=1e-4)
-    for a, e in zip([compiled_x.grad] + [p.grad for p in block.parameters()], expected_grads):
+    actual, x_grad = compiled_forward_backward(block, x, grad, tmp_path)
+    assert_close(actual, expected.detach(), fp32_rtol=1e-4)
+    for a, e in zip([x_grad] + [p.grad for p in block.parameters()], expected_grads):
         assert_close(a, e, fp32_rtol=1e-4)

@@ -15,11 +15,10 @@ import pytest
 import torch
 import torch.nn as nn
 
-from neuron_inductor import config
 from neuron_inductor.lowering.ir import Unsupported
 from neuron_inductor.lowering.registry import LOWERINGS
 
-from .harness import DTYPES, aten_graph, assert_close, check_node, last_node
+from .harness import DTYPES, compiled_forward_backward, aten_graph, assert_close, check_node, last_node
 
 aten = torch.ops.aten
 GROUP_NORM = aten.native_group_norm.default
@@ -102,20 +101,14 @@ def test_group_norm_block_compiled(dtype, tmp_path):
     def block(x):
         return nn.functional.silu(norm(x))
 
-    compiled_x, eager_x = x.clone().requires_grad_(), x.clone().requires_grad_()
-    torch._dynamo.reset()
-    try:
-        with config.patch(fallback="error", cache_dir=str(tmp_path)):
-            out = torch.compile(block, backend="neuron")(compiled_x)
-            out.backward(grad)
-        compiled_grads = [p.grad.clone() for p in norm.parameters()]
-        norm.zero_grad()
-    finally:
-        torch._dynamo.reset()
+    eager_x = x.clone().requires_grad_()
+    out, x_grad = compiled_forward_backward(block, x, grad, tmp_path)
+    compiled_grads = [p.grad.clone() for p in norm.parameters()]
+    norm.zero_grad()
     ref = block(eager_x)
     ref.backward(grad)
     tols = {"fp32_rtol": 1e-4, "bf16_rtol": 3e-2}  # the backward chains several kernels
     assert_close(out, ref.detach(), **tols)
-    assert_close(compiled_x.grad, eager_x.grad, **tols)
+    assert_close(x_grad, eager_x.grad, **tols)
     for compiled, param in zip(compiled_grads, norm.parameters()):
         assert_close(compiled, param.grad, **tols)

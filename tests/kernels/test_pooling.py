@@ -16,11 +16,10 @@ import pytest
 import torch
 import torch.nn as nn
 
-from neuron_inductor import config
 from neuron_inductor.lowering.ir import Unsupported
 from neuron_inductor.lowering.registry import LOWERINGS
 
-from .harness import DTYPES, assert_close, aten_graph, assert_all_close, last_node, run_node
+from .harness import DTYPES, compiled_forward_backward, assert_close, aten_graph, assert_all_close, last_node, run_node
 
 aten = torch.ops.aten
 MAX = aten.max_pool2d_with_indices.default
@@ -217,25 +216,19 @@ def test_conv_free_block_compiled(dtype, train, tmp_path):
     reference = copy.deepcopy(block)
     x = torch.randn(4, 130, 12, 12).to(dtype)
     grad = torch.randn(4, 130, 3, 2).to(dtype)
-    compiled_x, eager_x = x.clone().requires_grad_(), x.clone().requires_grad_()
-    torch._dynamo.reset()
-    try:
-        with config.patch(fallback="error", cache_dir=str(tmp_path)):
-            out = torch.compile(block, backend="neuron")(compiled_x)
-            out.backward(grad)
-    finally:
-        torch._dynamo.reset()
+    eager_x = x.clone().requires_grad_()
+    out, x_grad = compiled_forward_backward(block, x, grad, tmp_path)
     ref = reference(eager_x)
     ref.backward(grad)
     tols = {"fp32_rtol": 1e-4, "bf16_rtol": 3e-2}  # the backward chains several kernels
     assert_close(out, ref.detach(), **tols)
     if dtype == torch.float32:
-        assert_close(compiled_x.grad, eager_x.grad, **tols)
+        assert_close(x_grad, eager_x.grad, **tols)
     else:
         # bf16 batch-norm outputs a rounding apart can swap a max-pool window's winner (ReLU zeros
         # and near-ties), which moves that window's gradient to another element: allow 0.1% of
         # the input gradient to differ, all else within tolerance.
-        off = ~torch.isclose(compiled_x.grad.float(), eager_x.grad.float(), rtol=tols["bf16_rtol"],
+        off = ~torch.isclose(x_grad.float(), eager_x.grad.float(), rtol=tols["bf16_rtol"],
                              atol=tols["bf16_rtol"] * eager_x.grad.float().abs().max().item())
         assert off.sum().item() <= 1e-3 * off.numel(), off.sum().item()
     for compiled, eager in zip(block[0].parameters(), reference[0].parameters()):
