@@ -69,7 +69,7 @@ def difference(got: Any, want: Any) -> str | None:
         wrong = (got != want).nonzero()
         return None if len(wrong) == 0 else _at(got, want, tuple(wrong[0].tolist()), f"{len(wrong)} element(s) differ")
     rtol, atol = TOLERANCES[want.dtype]
-    got64, want64 = got.double(), want.double()
+    got64, want64 = got.detach().double(), want.detach().double()  # values only: no autograd
     nan_mismatch = got64.isnan() != want64.isnan()
     if nan_mismatch.any():
         index = tuple(nan_mismatch.nonzero()[0].tolist())
