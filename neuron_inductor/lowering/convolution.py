@@ -225,15 +225,20 @@ def _conv_flops(g: dict) -> int:
             * math.prod(g["kernel"]))
 
 
+def _bound_geometry(args: dict) -> dict:
+    """The geometry of a (forward or backward) convolution node's bound arguments."""
+    if args["transposed"]:
+        raise Unsupported("transposed convolution")
+    return _geometry(tuple(val(args["input"]).shape), tuple(val(args["weight"]).shape), args["stride"],
+                     args["padding"], args["dilation"], args["groups"])
+
+
 @register_lowering(aten.convolution.default)
 def lower_convolution(node: fx.Node) -> KernelSpec:
     args = bind_arguments(node)
-    if args["transposed"]:
-        raise Unsupported("transposed convolution")
     x, w, bias = args["input"], args["weight"], args["bias"]
     dtype = _check_dtypes(val(x), val(w), val(node), *([val(bias)] if bias is not None else []))
-    g = _geometry(tuple(val(x).shape), tuple(val(w).shape), args["stride"], args["padding"], args["dilation"],
-                  args["groups"])
+    g = _bound_geometry(args)
     c = _conv_pass(g, dtype, grad_input=False)
     c.update(src=0, weight_arg=1, bias_arg=2 if bias is not None else None, out=0)
     inputs = [x, w] + ([bias] if bias is not None else [])
@@ -244,12 +249,9 @@ def lower_convolution(node: fx.Node) -> KernelSpec:
 @register_lowering(aten.convolution_backward.default)
 def lower_convolution_backward(node: fx.Node) -> KernelSpec:
     args = bind_arguments(node)
-    if args["transposed"]:
-        raise Unsupported("transposed convolution")
     grad, x, w = args["grad_output"], args["input"], args["weight"]
     dtype = _check_dtypes(val(grad), val(x), val(w))
-    g = _geometry(tuple(val(x).shape), tuple(val(w).shape), args["stride"], args["padding"], args["dilation"],
-                  args["groups"])
+    g = _bound_geometry(args)
     if list(val(grad).shape[2:]) != g["out_size"][2 - g["rank"]:]:
         raise Unsupported("grad_output shape does not match the convolution")
     mask = list(args["output_mask"])
