@@ -544,15 +544,21 @@ def failures_table(records: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def fallback_table(records: list[dict]) -> str:
-    """Host fallbacks among neuron passes: reason -> ops."""
-    by_reason: dict[str, set] = {}
+def _passing_fallbacks(records: list[dict]):
+    """(op, dtype, fallback reason) of every host fallback in a neuron pass."""
     for record in records:
         for dtype in DTYPES:
             row = record.get(dtype, {})
             if status(row, "neuron") == "pass":
                 for reason in row["neuron"]["fallbacks"]:
-                    by_reason.setdefault(reason, set()).add(record["op"])
+                    yield record["op"], dtype, reason
+
+
+def fallback_table(records: list[dict]) -> str:
+    """Host fallbacks among neuron passes: reason -> ops."""
+    by_reason: dict[str, set] = {}
+    for op, _, reason in _passing_fallbacks(records):
+        by_reason.setdefault(reason, set()).add(op)
     lines = ["| fallback (op: reason) | OpInfos |", "|---|---|"]
     for reason, ops in sorted(by_reason.items(), key=lambda item: (-len(item[1]), item[0])):
         lines.append(f"| {reason.replace('|', '/')[:200]} | {len(ops)}: {', '.join(sorted(ops)[:12])}"
@@ -610,13 +616,9 @@ def rule_violations(records: list[dict]) -> str:
     """Kernels of passing ops that broke a hardware rule: the backend recovered by running their ops
     on the host, but each is a kernel bug (and a missed kernel). Known causes follow the table."""
     found: dict[str, set] = {}
-    for record in records:
-        for dtype in DTYPES:
-            row = record.get(dtype, {})
-            if status(row, "neuron") == "pass":
-                for fallback in row["neuron"]["fallbacks"]:
-                    if fallback.startswith("logged error:"):
-                        found.setdefault(fallback.split("rule: ", 1)[-1], set()).add(f"{record['op']} ({dtype})")
+    for op, dtype, fallback in _passing_fallbacks(records):
+        if fallback.startswith("logged error:"):
+            found.setdefault(fallback.split("rule: ", 1)[-1], set()).add(f"{op} ({dtype})")
     lines = ["| error logged by the backend | OpInfos |", "|---|---|"]
     lines += [f"| {message.replace('|', '/')[:200]} | {', '.join(sorted(ops))} |"
               for message, ops in sorted(found.items())]
