@@ -19,7 +19,7 @@ import torch
 import torch.fx as fx
 
 from . import sim
-from .codegen.render import render_kernel, template_hash
+from .codegen.render import render_kernel, template_hash, unnamed
 from .codegen.wrapper import render_wrapper
 from .lowering.graph import LoweredGraph, lower_graph, op_name
 from .lowering.ir import KernelSpec
@@ -125,8 +125,7 @@ def check_kernels(kernels: dict[str, Callable], sources: dict[str, str], lowered
     for index, spec in enumerate(lowered.kernels):
         progress.kernel_step("check", index, len(lowered.kernels), spec.name)
         args = [_check_input(node, narrowed) for node in spec.inputs]
-        same = (sources[spec.name].replace(f"def {spec.name}(", "def kernel(", 1),
-                tuple((tuple(a.shape), a.dtype) for a in args))
+        same = (unnamed(sources[spec.name], spec.name), tuple((tuple(a.shape), a.dtype) for a in args))
         if same in checked:
             estimates[spec.name] = checked[same]
             continue

@@ -172,6 +172,11 @@ def render_template(family: str, kernel_name: str, inputs: list[TensorArg], outp
     return source.replace(f"def {_NAME}(", f"def {kernel_name}(", 1)
 
 
+def unnamed(source: str, kernel_name: str) -> str:
+    """A kernel's source as it reads under any name (kernels equal up to their name compare equal)."""
+    return source.replace(f"def {kernel_name}(", f"def {_NAME}(", 1)
+
+
 def _render(family: str, kernel_name: str, inputs: list[TensorArg], outputs: list[TensorArg],
             params: dict) -> str:
     """The source with the kernel named `_NAME` (`kernel_name` is for messages)."""
