@@ -150,10 +150,10 @@ def test_fallback_runs_eagerly_and_is_reported(caplog):
     assert "i0" in caplog.text and "runs eagerly on the host" in caplog.text
 
 
-def test_data_dependent_sizes_fall_back_visibly_and_match_eager(caplog, monkeypatch):
+@torch._dynamo.config.patch(capture_dynamic_output_shape_ops=True)
+def test_data_dependent_sizes_fall_back_visibly_and_match_eager(caplog):
     """Boolean indexing makes a tensor whose size is an unbacked SymInt: ops on it run on the host
     (named in the log); the static-shaped rest still runs in kernels; values and gradients match."""
-    monkeypatch.setattr(torch._dynamo.config, "capture_dynamic_output_shape_ops", True)
 
     def f(x, w):
         selected = x[x > 0]

@@ -60,8 +60,8 @@ def test_binding_prefers_symint_inputs_and_smallest_tensor_dim():
     assert bucketing.bind_symbols(specs, args) == {s: 100, t: 200}
 
 
-def test_recompile_limit_is_raised_and_its_hit_is_loud(monkeypatch):
-    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 8)
+@torch._dynamo.config.patch(recompile_limit=8)
+def test_recompile_limit_is_raised_and_its_hit_is_loud():
     bucketing.raise_recompile_limit(BucketPolicy.parse("128"))
     assert torch._dynamo.config.recompile_limit >= BucketPolicy.parse("128").count_up_to(bucketing.COVERED_LENGTH)
     bucketing.watch_recompile_limit()
@@ -70,10 +70,9 @@ def test_recompile_limit_is_raised_and_its_hit_is_loud(monkeypatch):
             "torch._dynamo hit config.%s (%s)\n   function: %s", "recompile_limit", 8, "f")
 
 
-def test_dynamo_limit_hit_in_a_real_run_warns(monkeypatch, tmp_path):
+@torch._dynamo.config.patch(recompile_limit=1, automatic_dynamic_shapes=False)
+def test_dynamo_limit_hit_in_a_real_run_warns(tmp_path):
     """With the opt-out and a tiny limit, Dynamo's drop to eager is announced, not silent."""
-    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 1)
-    monkeypatch.setattr(torch._dynamo.config, "automatic_dynamic_shapes", False)
     bucketing.watch_recompile_limit()
     compiled = torch.compile(lambda x: x * 2, backend="neuron", options={
         "cache_dir": str(tmp_path), "raise_recompile_limit": False, "fallback": "allow"})
