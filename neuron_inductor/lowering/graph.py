@@ -79,12 +79,10 @@ def _has_data_dependent_size(node: fx.Node) -> bool:
 
 def _no_lowering_reason(node: fx.Node) -> str:
     """Why a node without a registered lowering falls back; a pointwise op was refused for its dtypes
-    or arguments (float64 and complex have no on-chip type), not for lack of a kernel."""
+    or arguments, not for lack of a kernel, and the reason says which."""
     if node.target not in pointwise.HANDLERS:
         return f"no lowering for {op_name(node)}"
-    values = [node.meta.get("val")] + [n.meta.get("val") for n in node.all_input_nodes]
-    dtypes = sorted({str(v.dtype).removeprefix("torch.") for v in values if isinstance(v, torch.Tensor)})
-    return f"{op_name(node)}: the pointwise kernels do not take these arguments (dtypes {', '.join(dtypes)})"
+    return f"{op_name(node)}: {pointwise.refusal(node)}"
 
 
 _RESHAPING_VIEWS = {torch.ops.aten.view.default, torch.ops.aten._unsafe_view.default}
