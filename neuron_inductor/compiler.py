@@ -90,6 +90,7 @@ def compile_static_graph(gm: fx.GraphModule, fallback_mode: str,
         "kernels": [_describe_kernel(spec) for spec in lowered.kernels],
         "fallbacks": [{"op": op_name(s.node), "reason": s.reason, "flops": node_flops(s.node)} for s in lowered.fallbacks],
         "views": sum(1 for s in lowered.steps if getattr(s, "kind", None) == "view"),
+        "collectives": [op_name(s.node) for s in lowered.steps if getattr(s, "kind", None) == "collective"],
         "timings": timings,
     }
     return CompiledArtifact(sources, wrapper_source, constants, meta), lowered

@@ -30,9 +30,11 @@ import diffusers_tiny  # noqa: E402
 # convolution stacks), loss identical to 1e-7, gradients <= 6e-7.
 OUTPUT_TOL = {"rtol": 1e-4, "atol": 5e-5}
 GRAD_TOL = {"rtol": 1e-3, "atol": 1e-5}
-# Flux computes its RoPE tables in float64 on a CPU tensor (float32 on a Neuron device); the float64
-# ops have no on-chip type and must be the only host fallbacks.
-HOST_ONLY = {"flux": "dtype float64 has no on-chip type"}
+# The only host fallbacks allowed, with their reason: Flux computes its RoPE tables in float64 on a
+# CPU tensor (float32 on a Neuron device), and float64 has no on-chip type; DiT drops class labels at
+# random in training, and random numbers stay on the host (eager's RNG stream).
+HOST_ONLY = {"flux": "dtype float64 has no on-chip type",
+             "dit": "random numbers stay on the host so results follow eager's RNG stream"}
 
 
 @pytest.fixture(autouse=True)
@@ -59,7 +61,7 @@ def _assert_only_expected_fallbacks(name: str) -> None:
 # ---------------------------------------------------------------------------- memory-format copies
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("shape", [(2, 8, 4, 4), (1, 129, 2, 3)])  # on / off the 128-partition tile
+@pytest.mark.parametrize("shape", [(2, 8, 4, 4), (1, 129, 1, 2)])  # on / off the 128-partition tile
 def test_channels_last_copies_run_in_kernels(dtype, shape):
     """`clone(memory_format=channels_last)` (what nearest upsampling inserts, and `.contiguous(channels_last)`)
     is the same values in another layout: a copy kernel, no host fallback, eager's values."""
