@@ -66,7 +66,10 @@ def test_single_process_run_matches_eager(single_process):
 
 
 def _assert_matches_single_process_and_compiles_each_key_once(ranks: list[dict], cache_dir: Path,
-                                                            single_process: dict, nproc: int) -> None:
+                                                            single_process: dict, nproc: int,
+                                                            same_graphs: bool = True) -> None:
+    """`same_graphs`: every rank traces the same graphs (False when they bake in rank-dependent
+    constants, as the vocabulary-parallel embedding's slice offset)."""
     assert [r["rank"] for r in ranks] == list(range(nproc)) and all(r["world"] == nproc for r in ranks)
     for result in ranks:
         torch.testing.assert_close(result["losses"], single_process["losses"], rtol=RTOL, atol=ATOL)
@@ -76,7 +79,8 @@ def _assert_matches_single_process_and_compiles_each_key_once(ranks: list[dict],
     # Every rank needs every key once (same graphs, same shapes); the shared disk cache and its
     # per-key lock make exactly one rank compile each key and the others load it from disk.
     assert entries > 0 and sum(s["compiles"] for s in stats) == entries, stats
-    assert all(s["compiles"] + s["disk_hits"] == entries for s in stats), stats
+    if same_graphs:
+        assert all(s["compiles"] + s["disk_hits"] == entries for s in stats), stats
     assert all(s["corrupt"] == 0 and s["disk_errors"] == 0 for s in stats), stats
 
 
@@ -94,9 +98,6 @@ def test_torchrun_training_matches_single_process_and_compiles_each_key_once(sin
 # Collectives each tensor-parallel plan must put into the compiled programs: row-parallel outputs are
 # all-reduced (tp) or reduce-scattered to sequence shards, which column-parallel inputs all-gather (tp_sp).
 TP_COLLECTIVES = {"tp": {"all_reduce"}, "tp_sp": {"all_gather_into_tensor", "reduce_scatter_tensor"}}
-# The vocabulary-parallel embedding (tp_sp) zeroes the rows of ids outside a rank's slice with a boolean
-# mask; index_put with a boolean mask has no kernel.
-TP_FALLBACKS = {"tp": set(), "tp_sp": {"aten.index_put.default"}}
 
 
 @pytest.mark.slow
@@ -104,11 +105,13 @@ TP_FALLBACKS = {"tp": set(), "tp_sp": {"aten.index_put.default"}}
 def test_tensor_parallel_training_matches_single_process_with_collectives_in_the_program(single_process, mode,
                                                                                         tmp_path):
     ranks, cache_dir = _run_worker(_torchrun(2), mode, tmp_path)
-    _assert_matches_single_process_and_compiles_each_key_once(ranks, cache_dir, single_process, 2)
+    # tp_sp's vocabulary-parallel embedding offsets the ids by the rank's vocabulary slice: rank-dependent graphs.
+    _assert_matches_single_process_and_compiles_each_key_once(ranks, cache_dir, single_process, 2,
+                                                              same_graphs=mode == "tp")
     for result in ranks:
         ran = {op.split(".")[1] for op in result["collectives"]}
         assert TP_COLLECTIVES[mode] <= ran and "wait_tensor" in ran, result["collectives"]
-        assert set(result["fallbacks"]) <= TP_FALLBACKS[mode], result["fallbacks"]
+        assert not result["fallbacks"], result["fallbacks"]
 
 
 def test_functional_collectives_are_communication_steps_not_fallbacks(tmp_path, monkeypatch):
