@@ -1,5 +1,5 @@
-"""torchrun on CPU (gloo, loopback): DDP, FSDP2 and DTensor tensor-parallel training of the tiny Llama
-under backend="neuron".
+"""torchrun on CPU (gloo, loopback): DDP, FSDP2, DTensor tensor-parallel (with and without sequence
+parallelism) and 2-D TP x FSDP2 training of the tiny Llama under backend="neuron".
 
 Each run launches tests/distributed_worker.py in fresh processes. The ranks' losses and trained
 parameters must match one process training on the whole global batch, and the ranks, sharing one
@@ -97,17 +97,20 @@ def test_torchrun_training_matches_single_process_and_compiles_each_key_once(sin
 
 # Collectives each tensor-parallel plan must put into the compiled programs: row-parallel outputs are
 # all-reduced (tp) or reduce-scattered to sequence shards, which column-parallel inputs all-gather (tp_sp).
-TP_COLLECTIVES = {"tp": {"all_reduce"}, "tp_sp": {"all_gather_into_tensor", "reduce_scatter_tensor"}}
+TP_COLLECTIVES = {"tp": {"all_reduce"}, "tp_sp": {"all_gather_into_tensor", "reduce_scatter_tensor"},
+                  "tp_fsdp2": {"all_reduce"}}
+# Ranks whose graphs differ: tp_sp's vocabulary-parallel embedding offsets the ids by the rank's slice
+# of the vocabulary; on tp_fsdp2's 2-D mesh each row's collectives name its own process group.
+RANK_DEPENDENT_GRAPHS = {"tp_sp", "tp_fsdp2"}
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mode", ["tp", "tp_sp"])
+@pytest.mark.parametrize("mode,nproc", [("tp", 2), ("tp_sp", 2), ("tp_fsdp2", 4)])
 def test_tensor_parallel_training_matches_single_process_with_collectives_in_the_program(single_process, mode,
-                                                                                        tmp_path):
-    ranks, cache_dir = _run_worker(_torchrun(2), mode, tmp_path)
-    # tp_sp's vocabulary-parallel embedding offsets the ids by the rank's vocabulary slice: rank-dependent graphs.
-    _assert_matches_single_process_and_compiles_each_key_once(ranks, cache_dir, single_process, 2,
-                                                              same_graphs=mode == "tp")
+                                                                                        nproc, tmp_path):
+    ranks, cache_dir = _run_worker(_torchrun(nproc), mode, tmp_path)
+    _assert_matches_single_process_and_compiles_each_key_once(ranks, cache_dir, single_process, nproc,
+                                                              same_graphs=mode not in RANK_DEPENDENT_GRAPHS)
     for result in ranks:
         ran = {op.split(".")[1] for op in result["collectives"]}
         assert TP_COLLECTIVES[mode] <= ran and "wait_tensor" in ran, result["collectives"]
