@@ -166,10 +166,13 @@ def max_error(a: torch.Tensor, b: torch.Tensor) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("models", nargs="*", choices=[*MODELS, []], help="models to run (default: all)")
+    parser.add_argument("models", nargs="*", help=f"models to run, of {', '.join(MODELS)} (default: all)")
     parser.add_argument("--train", action="store_true", help="also run one training step of each model")
     parser.add_argument("--steps", type=int, default=3, help="denoising steps of the pipeline")
     args = parser.parse_args()
+    unknown = sorted(set(args.models) - MODELS.keys())
+    if unknown:
+        parser.error(f"unknown model(s) {', '.join(unknown)}: choose from {', '.join(MODELS)}")
     for name in args.models or MODELS:
         start = time.perf_counter()
         model, inputs = build(name)
@@ -180,7 +183,8 @@ def main() -> None:
             eager_loss, eager_grads = training_step(model, inputs, "eager")
             loss, grads = training_step(model, inputs, "neuron")
             grad_error = max(max_error(grads[k], eager_grads[k]) for k in eager_grads)
-            line += f"; training loss {loss.item():.5f} (eager {eager_loss.item():.5f}), grads max |diff| {grad_error:.1e}"
+            line += (f"; training loss {loss.item():.5f} (eager {eager_loss.item():.5f}), "
+                     f"grads max |diff| {grad_error:.1e}")
         print(f"{line}  ({time.perf_counter() - start:.1f} s)")
         torch._dynamo.reset()
 

@@ -121,7 +121,8 @@ class Report:
             "source": self.source,
             "totals": {
                 "buckets": len(self.buckets), "kernels": len(self.kernels), "fallbacks": len(self.fallbacks),
-                "collectives": len(self.collectives), "kernel_flop_share": self.kernel_flop_share, "padding_waste": self.padding_waste,
+                "collectives": len(self.collectives), "kernel_flop_share": self.kernel_flop_share,
+                "padding_waste": self.padding_waste,
                 "target": self.target, "estimated_seconds": self.estimated_seconds,
                 "cache": dict(self.cache_events),
             },
