@@ -165,12 +165,19 @@ class GraphRunner:
     def graph_for(self, plan: CallPlan) -> fx.GraphModule:
         return self.pad_safety.graph()[0] if plan.mode == "padded" else self.gm
 
+    def padded_sizes(self, plan: CallPlan) -> dict:
+        """The symbol values that padded tensors crossing this call carry: its bucket's, or, for an
+        exact-shape call, the bucket a padded forward saved its activations at."""
+        if plan.mode == "exact":
+            return bucketing.choose_bucket(self.policy, self.symbols, plan.bucket.real).padded
+        return plan.bucket.padded
+
     def inputs_for(self, plan: CallPlan, args: list) -> list:
         if plan.bucket is None:
             return args
         real, padded = plan.bucket.real, plan.bucket.padded
         # An unpadded backward still gets the activations of a forward that ran padded at its bucket.
-        saved_at = bucketing.choose_bucket(self.policy, self.symbols, real).padded if plan.mode == "exact" else None
+        saved_at = self.padded_sizes(plan) if plan.mode == "exact" else None
         inputs = []
         for spec, arg in zip(self.input_specs, args):
             if isinstance(spec, tuple) and isinstance(arg, torch.Tensor):

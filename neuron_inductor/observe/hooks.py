@@ -123,13 +123,14 @@ def _real_sized(runner: Any, args: list, values: list, specs: list) -> list:
     backward still padded, and the backward receives them so. Eager comparisons and padding counts
     need the real sizes, which the runtime's plan of the call (`args`) gives.
     """
-    bucket = runner.plan(args).bucket
-    if bucket is None:
+    plan = runner.plan(args)
+    if plan.bucket is None:
         return values
+    padded = runner.padded_sizes(plan)
 
     def cut(value: Any, spec: Any) -> Any:
         if isinstance(value, torch.Tensor) and isinstance(spec, tuple):
-            return bucketing.slice_tensor(value, spec, bucket.real, bucket.padded)
+            return bucketing.slice_tensor(value, spec, plan.bucket.real, padded)
         return value
 
     return [cut(value, spec) for value, spec in zip(values, specs)]
