@@ -3,8 +3,10 @@
 After each program the runtime compiled or loaded, `note_lookup` reads the compile cache's
 counters to tell a memory hit, a disk hit and a miss apart, logs it, and explains a miss: the
 nearest existing entry (the one sharing the most key parts) and the first part, in `PART_ORDER`,
-whose value differs — or, when the key's entry was on disk but refused for trust, why. Misses are also appended to `<cache folder>/recent_misses.jsonl` (the last
-`KEEP_MISSES`), so `neuron-inductor cache explain` can show them from another process.
+whose value differs — or, when the key's entry was on disk but refused for trust, why. Misses
+are also appended to `<cache folder>/recent_misses.jsonl` (the last `KEEP_MISSES`; only in a
+folder this process writes entries to), so `neuron-inductor cache explain` can show them from
+another process.
 """
 
 from __future__ import annotations
