@@ -215,9 +215,12 @@ class CompileCache:
             return EntryCheck(None, "refused", f"the entry is {exc.strerror}")
         except OSError as exc:
             return EntryCheck(None, "corrupt", f"unreadable: {exc}")
-        problem = None if self.authenticated else (
-            self.refusal or trust.ownership_problem("its subfolder", path.parent.stat())
-            or trust.ownership_problem("the entry", st))
+        try:
+            problem = None if self.authenticated else (
+                self.refusal or trust.ownership_problem("its subfolder", path.parent.stat())
+                or trust.ownership_problem("the entry", st))
+        except OSError as exc:  # the subfolder went away after the entry was read
+            return EntryCheck(None, "corrupt", f"unreadable: {exc}")
         try:
             header, body, artifact = _parse_entry(data, parts)
         except CorruptEntry as exc:

@@ -105,11 +105,14 @@ def _find_entry(cache: Any, prefix: str) -> dict[str, Any]:
 
 
 def _cache_show(args: argparse.Namespace) -> int:
+    from .cache import EntryCheck
     from .observe.cache_events import ordered_parts
 
     cache = _open_cache(args)
     entry = _find_entry(cache, args.key)
     found = cache.check(entry["key"], entry["parts"]) if entry["parts"] is not None else None
+    if found is None and entry["key"] in cache.memory:
+        found = EntryCheck(cache.memory[entry["key"]][1], "memory")
     if found is None or found.artifact is None:
         reason = f"{found.trust}: {found.reason}" if found else "unreadable header"
         raise CliError(f"cache entry {entry['key']} could not be read ({reason}); corrupt entries are discarded "
