@@ -247,7 +247,7 @@ class GraphRunner:
         program = self.programs.get(plan.signature)
         if program is not None:
             return program
-        cache = get_cache(self.config.cache_dir)
+        cache = get_cache(self.config.cache_dir, self.config.cache_secret)
         artifact, program, source = cache.get_or_compile(
             self.key_parts(plan), plan.label, lambda: (lambda p: (p.artifact, p))(self._compile(plan, inputs)))
         if program is None:

@@ -175,7 +175,8 @@ def on_program_compiled(runner: Any, program: Any, signature: Any, args: list) -
                                     padding=_padding(runner, real_args), target=runner.config.target)
     aot.buckets.append(bucket)
     session.BUCKETS.append(bucket)
-    bucket.cache = cache_events.note_lookup(get_cache(runner.config.cache_dir), bucket.label)
+    bucket.cache = cache_events.note_lookup(get_cache(runner.config.cache_dir, runner.config.cache_secret),
+                                            bucket.label)
     progress.compile_finished()
     meta = artifact.meta
     log.info("neuron_inductor: %s compiled: %d kernel(s), %d fallback(s), %d view(s) in %.3fs", bucket.label,
