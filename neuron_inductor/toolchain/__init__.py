@@ -23,6 +23,9 @@ class Toolchain(Protocol):
     def build(self, sources: dict[str, str]) -> dict[str, Callable]:
         """Compile each kernel's standalone source; returns the kernels by name."""
 
+    def adopt(self, func: Callable) -> Callable:
+        """A user's kernel function (written for this nki or the other) as this toolchain runs it."""
+
 
 def neuron_device_present() -> bool:
     return os.path.exists("/dev/neuron0")

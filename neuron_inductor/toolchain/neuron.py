@@ -35,6 +35,7 @@ class NeuronToolchain:
             raise ToolchainUnavailable(
                 "NEURON_INDUCTOR_TOOLCHAIN=neuron needs the real `nki` package (Neuron SDK >= 2.29) on a "
                 "Trainium host; it is not importable here. Use NEURON_INDUCTOR_TOOLCHAIN=simulator.")
+        self._adopted: dict[Callable, Callable] = {}
 
     def build(self, sources: dict[str, str]) -> dict[str, Callable]:
         kernels: dict[str, Callable] = {}
@@ -43,3 +44,19 @@ class NeuronToolchain:
             exec(compile(source, f"<neuron_inductor kernel {name}>", "exec"), namespace)
             kernels[name] = namespace[name]
         return kernels
+
+    def adopt(self, func: Callable) -> Callable:
+        """The real nki.jit kernel: the function itself when written for the real nki, else rebuilt from
+        its file's source with the real nki importable."""
+        from ..nki_ops.sources import rebuild, uses_real_nki
+
+        kernel = self._adopted.get(func)
+        if kernel is None:
+            import nki
+
+            if uses_real_nki(func):
+                kernel = nki.jit(func)
+            else:
+                kernel = rebuild(func, {"__name__": f"neuron_inductor_user_kernel_{func.__name__}"})
+            self._adopted[func] = kernel
+        return kernel
