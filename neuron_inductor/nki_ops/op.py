@@ -122,8 +122,10 @@ def nki_op(name: str, fn: Callable | None = None, mutates_args: str | Iterable[s
     """Register `fn` (type-annotated; it calls kernels with wrap_nki) as the custom op `name`
     ("namespace::op"); usable as a decorator. Returns the torch.library CustomOpDef."""
 
+    mutated = _mutates(mutates_args)
+
     def register(fn: Callable) -> CustomOpDef:
-        user = UserOp(name, fn, _mutates(mutates_args))
+        user = UserOp(name, fn, mutated)
 
         @functools.wraps(fn)
         def impl(*args, **kwargs):

@@ -81,6 +81,8 @@ def kernel_function(kernel: Any) -> Callable:
 
 def _grid(grid) -> tuple[int, ...]:
     grid = tuple(grid) if isinstance(grid, (tuple, list)) else (grid,)
+    # (a SymInt, e.g. a grid computed from a dynamic size, is specialised: NKI traces a kernel per shape)
+    grid = tuple(int(g) if isinstance(g, torch.SymInt) else g for g in grid)
     if not grid or any(isinstance(g, bool) or not isinstance(g, int) or g < 1 for g in grid):
         raise ValueError(f"wrap_nki(kernel)[{grid!r}]: a grid is one or more positive Python ints, "
                          "e.g. wrap_nki(kernel)[4](x) or wrap_nki(kernel)[2, 2](x)")
@@ -137,10 +139,14 @@ class NkiCall:
 
         def to_meta(value):
             nonlocal device
+            if isinstance(value, torch.SymInt):
+                return int(value)
             if not isinstance(value, torch.Tensor):
                 return value
             device = device or value.device
-            meta = torch.empty_strided(value.shape, value.stride(), dtype=value.dtype, device="meta")
+            # Kernels compute on Python ints: dynamic sizes are specialised (Dynamo guards on them).
+            meta = torch.empty_strided([int(s) for s in value.shape], [int(s) for s in value.stride()],
+                                       dtype=value.dtype, device="meta")
             originals[id(meta)] = value
             return meta
 

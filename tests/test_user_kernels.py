@@ -1,0 +1,258 @@
+"""Users' own NKI kernels: wrap_nki / nki_op in eager, on fake / meta tensors and as kernels of a
+program compiled with backend="neuron" (fallback="error": the op must be a kernel, not a fallback)."""
+
+from __future__ import annotations
+
+import importlib
+import json
+
+import pytest
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+import neuron_inductor
+from neuron_inductor import nki_op, sim, wrap_nki
+from neuron_inductor.nki_ops import NkiOpError
+from neuron_inductor.observe import session
+
+with sim.as_nki():  # a kernel file written for the real NKI, imported as a user would on a CPU host
+    fused = importlib.import_module("tests.user_kernels.fused_tanh")
+
+# Tolerances: fp32 kernels compute in fp32 like eager (tanh and the backward polynomial differ by a
+# few ulps); bf16 stores round to 8 bits of mantissa (2^-8 relative), eager rounds differently.
+TOL = {torch.float32: dict(atol=1e-5, rtol=1e-5), torch.bfloat16: dict(atol=2e-2, rtol=2e-2)}
+
+
+@nki_op("uk_test::scaled_tanh_bwd", mutates_args=())
+def scaled_tanh_bwd(y: torch.Tensor, dy: torch.Tensor, scale: float) -> torch.Tensor:
+    return wrap_nki(fused.scaled_tanh_bwd)(y, dy, scale)
+
+
+@nki_op("uk_test::scaled_tanh", mutates_args=())
+def scaled_tanh(x: torch.Tensor, scale: float) -> torch.Tensor:
+    return wrap_nki(fused.scaled_tanh_fwd)(x, scale)
+
+
+def _setup_context(ctx, inputs, output):
+    ctx.save_for_backward(output)
+    ctx.scale = inputs[1]
+
+
+def _backward(ctx, grad):
+    (y,) = ctx.saved_tensors
+    return scaled_tanh_bwd(y, grad, ctx.scale), None
+
+
+scaled_tanh.register_autograd(_backward, setup_context=_setup_context)
+
+
+@nki_op("uk_test::affine_rows", mutates_args=())
+def affine_rows(x: torch.Tensor, mul: float, add: float) -> torch.Tensor:
+    return wrap_nki(fused.affine_rows_grid)[x.shape[0] // 128](x, mul, add)
+
+
+@nki_op("uk_test::accumulate", mutates_args={"acc"})
+def accumulate(acc: torch.Tensor, x: torch.Tensor) -> None:
+    wrap_nki(fused.accumulate_into)(acc, x)
+
+
+@pytest.fixture(autouse=True)
+def fresh_dynamo():
+    torch._dynamo.reset()
+    session.clear()
+    yield
+    torch._dynamo.reset()
+
+
+def _compile(fn, tmp_path, **options):
+    return torch.compile(fn, backend="neuron",
+                         options={"fallback": "error", "cache_dir": str(tmp_path / "cache"), **options})
+
+
+class TanhMLP(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1 = torch.nn.Linear(32, 48)
+        self.fc2 = torch.nn.Linear(48, 8)
+
+    def forward(self, x):
+        return self.fc2(scaled_tanh(self.fc1(x), 0.7))
+
+
+def test_eager_call_runs_the_kernel_in_the_interpreter():
+    x = torch.randn(200, 64)
+    with sim.trace() as recorded:
+        out = scaled_tanh(x, 0.5)
+    torch.testing.assert_close(out, torch.tanh(0.5 * x), **TOL[torch.float32])
+    assert {i.kernel for i in recorded.instructions} == {"scaled_tanh_fwd"}
+
+
+def test_fake_and_meta_runs_take_shapes_from_the_kernel_without_math():
+    with sim.trace() as recorded:
+        meta = scaled_tanh(torch.empty(300, 16, device="meta", dtype=torch.bfloat16), 0.5)
+        with FakeTensorMode() as mode:
+            fake = scaled_tanh(mode.from_tensor(torch.empty(130, 8)), 0.5)
+    assert meta.is_meta and meta.shape == (300, 16) and meta.dtype == torch.bfloat16
+    assert fake.shape == (130, 8) and fake.dtype == torch.float32
+    assert not recorded.instructions  # shape runs are no work: nothing reaches a user's trace
+
+
+def test_opcheck_accepts_schema_fake_and_autograd_registration():
+    torch.library.opcheck(scaled_tanh, (torch.randn(130, 8, requires_grad=True), 0.5))
+    torch.library.opcheck(accumulate, (torch.randn(128, 8), torch.randn(128, 8)))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_compiled_training_step_matches_eager_and_runs_the_user_kernels(tmp_path, dtype):
+    torch.manual_seed(0)
+    model = TanhMLP().to(dtype)
+    reference = TanhMLP().to(dtype)
+    reference.load_state_dict(model.state_dict())
+    x = torch.randn(150, 32, dtype=dtype)  # 150 rows: one full 128-row tile and a partial one
+
+    compiled = _compile(model, tmp_path)
+    with sim.trace() as recorded:
+        loss = compiled(x).float().square().mean()
+        loss.backward()
+    expected = reference(x).float().square().mean()
+    expected.backward()
+
+    torch.testing.assert_close(loss, expected, **TOL[dtype])
+    for p, q in zip(model.parameters(), reference.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, **TOL[dtype])
+    ran = {i.kernel for i in recorded.instructions}
+    assert {"scaled_tanh_fwd", "scaled_tanh_bwd"} <= ran
+    report = neuron_inductor.report()
+    user = [k for k in report.kernels if k["family"] == "user"]
+    assert sorted(op for k in user for op in k["ops"]) == ["uk_test.scaled_tanh.default",
+                                                         "uk_test.scaled_tanh_bwd.default"]
+    assert not report.fallbacks
+    assert all(k["estimated_seconds"] > 0 and k["flops"] > 0 for k in user)
+
+
+def test_grid_launch_runs_every_program(tmp_path):
+    x = torch.randn(384, 24)
+    out = _compile(lambda t: affine_rows(t, 3.0, -1.0) + 1, tmp_path)(x)
+    torch.testing.assert_close(out, x * 3.0 - 1.0 + 1, **TOL[torch.float32])
+    with pytest.raises(ValueError, match="positive Python ints"):
+        wrap_nki(fused.affine_rows_grid)[0]
+
+
+def test_declared_mutation_updates_the_argument_eager_and_compiled(tmp_path):
+    acc, x = torch.randn(128, 16), torch.randn(128, 16)
+    expected = acc + x
+    eager_acc = acc.clone()
+    accumulate(eager_acc, x)
+    torch.testing.assert_close(eager_acc, expected)
+
+    def step(a, t):
+        accumulate(a, t * 2)
+        return a.sum()
+
+    compiled_acc = acc.clone()
+    total = _compile(step, tmp_path)(compiled_acc, x)
+    torch.testing.assert_close(compiled_acc, acc + 2 * x, **TOL[torch.float32])
+    torch.testing.assert_close(total, (acc + 2 * x).sum(), atol=1e-4, rtol=1e-5)
+    assert any(k["family"] == "user" for k in neuron_inductor.report().kernels)
+
+
+def test_undeclared_mutation_and_returned_inputs_are_errors_naming_the_fix():
+    @nki_op("uk_test::sneaky_accumulate", mutates_args=())
+    def sneaky(acc: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        wrap_nki(fused.accumulate_into)(acc, x)
+        return x.clone()
+
+    with pytest.raises(NkiOpError, match=r"mutates_args=\{'acc'\}"):
+        sneaky(torch.zeros(128, 4), torch.ones(128, 4))
+    with pytest.raises(NkiOpError, match=r"mutates_args=\{'acc'\}"):  # the fake run checks it too
+        sneaky(torch.zeros(128, 4, device="meta"), torch.ones(128, 4, device="meta"))
+
+    @nki_op("uk_test::returns_input", mutates_args=())
+    def returns_input(x: torch.Tensor) -> torch.Tensor:
+        return x
+
+    with pytest.raises(NkiOpError, match="must return new tensors"):
+        returns_input(torch.ones(2))
+
+
+def test_bad_wrap_nki_uses_name_the_fix():
+    with pytest.raises(TypeError, match="decorated with @nki.jit"):
+        wrap_nki(lambda x: x)
+    with pytest.raises(TypeError, match=r"signature is scaled_tanh_fwd\(x, scale\)"):
+        wrap_nki(fused.scaled_tanh_fwd)(torch.ones(4, 4))
+    with pytest.raises(TypeError, match="mutates_args=\\{'acc'\\}"):
+        nki_op("uk_test::bad_declaration", mutates_args="acc")
+
+
+def test_kernels_from_load_kernels_and_inline_definitions_compile(tmp_path):
+    source = '''
+import nki
+import nki.isa as nisa
+import nki.language as nl
+
+@nki.jit
+def negate(x):
+    out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+    t = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.sbuf)
+    nisa.dma_copy(dst=t, src=x)
+    nisa.tensor_scalar(dst=t, data=t, op0=nl.multiply, operand0=-1.0)
+    nisa.dma_copy(dst=out, src=t)
+    return out
+'''
+    negate = sim.load_kernels(source, "<user negate kernels>")["negate"]
+    with sim.as_nki():
+        import nki
+        import nki.isa as nisa
+        import nki.language as nl
+
+        @nki.jit
+        def double(x):
+            out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+            t = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.sbuf)
+            nisa.dma_copy(dst=t, src=x)
+            nisa.tensor_tensor(dst=t, data1=t, data2=t, op=nl.add)
+            nisa.dma_copy(dst=out, src=t)
+            return out
+
+    @nki_op("uk_test::negate_double", mutates_args=())
+    def negate_double(x: torch.Tensor) -> torch.Tensor:
+        return wrap_nki(double)(wrap_nki(negate)(x))
+
+    x = torch.randn(64, 32)
+    dump = tmp_path / "dump"
+    out = _compile(lambda t: negate_double(t) * 0.5, tmp_path, dump_dir=str(dump))(x)
+    torch.testing.assert_close(out, -x, **TOL[torch.float32])
+    kernel_files = {p.name: p.read_text() for p in dump.rglob("kernels/k*_user.py")}
+    assert len(kernel_files) == 1
+    (text,) = kernel_files.values()
+    assert "def negate(x):" in text and "def double(x):" in text  # both kernels' source, next to generated ones
+    assert any(dump.rglob("kernels/k*_pointwise.py"))
+    (report,) = [json.loads(p.read_text()) for p in dump.rglob("report.json")]
+    assert [k["family"] for k in report["kernels"]].count("user") == 1 and not report["fallbacks"]
+
+
+def test_autograd_function_around_the_ops(tmp_path):
+    class ScaledTanh(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            y = torch.ops.uk_test.scaled_tanh(x, 2.0)
+            ctx.save_for_backward(y)
+            return y
+
+        @staticmethod
+        def backward(ctx, grad):
+            (y,) = ctx.saved_tensors
+            return torch.ops.uk_test.scaled_tanh_bwd(y, grad, 2.0)
+
+    x = torch.randn(40, 8, requires_grad=True)
+    _compile(lambda t: ScaledTanh.apply(t).sum(), tmp_path)(x).backward()
+    reference = x.detach().clone().requires_grad_()
+    torch.tanh(2.0 * reference).sum().backward()
+    torch.testing.assert_close(x.grad, reference.grad, **TOL[torch.float32])
+
+
+def test_dynamic_lengths_run_the_kernel_on_exact_shapes(tmp_path):
+    compiled = _compile(lambda t: scaled_tanh(t * 1.0, 0.5), tmp_path)
+    for rows in (100, 131, 170):
+        x = torch.randn(rows, 16)
+        torch.testing.assert_close(compiled(x), torch.tanh(0.5 * x), **TOL[torch.float32])
