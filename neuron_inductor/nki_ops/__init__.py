@@ -6,7 +6,7 @@ declaration checks), sources (kernel source text, rebuilding a kernel for anothe
 (the op's FX node as a kernel step).
 """
 
-from .op import NkiOpError, nki_op
+from .op import NkiOpError, kernels_hash, nki_op
 from .wrap import wrap_nki
 
-__all__ = ["NkiOpError", "nki_op", "wrap_nki"]
+__all__ = ["NkiOpError", "kernels_hash", "nki_op", "wrap_nki"]

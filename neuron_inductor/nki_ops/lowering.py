@@ -20,7 +20,7 @@ import torch.utils._pytree as pytree
 from ..lowering.common import result_values
 from ..lowering.ir import KernelSpec, Unsupported
 from ..lowering.registry import register_lowering
-from .op import REGISTRY, UserOp
+from .op import REGISTRY, UserOp, user_op_of
 from .wrap import running_on, shape_instructions
 
 FAMILY = "user"
@@ -83,10 +83,9 @@ def lower_user_op(node: fx.Node) -> KernelSpec:
 
 @register_lowering(auto_functionalized_v2)
 def lower_functionalized_user_op(node: fx.Node) -> KernelSpec:
-    op = node.args[0]
-    user = REGISTRY.get(op)
+    user = user_op_of(node)
     if user is None:
-        raise Unsupported(f"auto_functionalized_v2 of {op}: only nki_op custom ops run as kernels")
+        raise Unsupported(f"auto_functionalized_v2 of {node.args[0]}: only nki_op custom ops run as kernels")
     return _spec(node, user, node.args[1:], node.kwargs, functionalized=True)
 
 

@@ -108,6 +108,22 @@ class UserOp:
 REGISTRY: dict[torch._ops.OpOverload, UserOp] = {}
 
 
+def user_op_of(node) -> UserOp | None:
+    """The nki_op an FX node calls (directly, or through auto_functionalized_v2 when it mutates), if any."""
+    if node.op != "call_function":
+        return None
+    if node.target is torch.ops.higher_order.auto_functionalized_v2:
+        return REGISTRY.get(node.args[0])
+    return REGISTRY.get(node.target) if isinstance(node.target, torch._ops.OpOverload) else None
+
+
+def kernels_hash(gm) -> str:
+    """Hash of the source of the user kernels a graph calls ('' when none): part of its cache key, so
+    that editing a kernel recompiles."""
+    users = {id(u): u for u in map(user_op_of, gm.graph.nodes) if u is not None}
+    return ",".join(sorted(f"{u.name}={u.source_hash()}" for u in users.values()))
+
+
 def _mutates(mutates_args: str | Iterable[str]) -> frozenset[str] | None:
     if mutates_args == "unknown":
         return None
