@@ -259,3 +259,16 @@ def test_dynamic_lengths_run_the_kernel_on_exact_shapes(tmp_path):
         torch.testing.assert_close(compiled(x), torch.tanh(0.5 * x), **TOL[torch.float32])
     buckets = neuron_inductor.report().buckets
     assert len(buckets) == 3 and all(b["padding"] is None for b in buckets)
+
+
+def test_a_cached_program_rebuilds_the_user_kernel_step(tmp_path):
+    x = torch.randn(64, 8)
+    first = _compile(lambda t: scaled_tanh(t + 1, 0.5), tmp_path)(x)
+    torch._dynamo.reset()
+    session.clear()
+    with sim.trace() as recorded:
+        again = _compile(lambda t: scaled_tanh(t + 1, 0.5), tmp_path)(x)
+    torch.testing.assert_close(again, first)
+    assert "scaled_tanh_fwd" in {i.kernel for i in recorded.instructions}
+    events = {b["cache"]["event"] for b in neuron_inductor.report().buckets}
+    assert events and events <= {"memory hit", "disk hit"}
