@@ -272,3 +272,31 @@ def test_a_cached_program_rebuilds_the_user_kernel_step(tmp_path):
     assert "scaled_tanh_fwd" in {i.kernel for i in recorded.instructions}
     events = {b["cache"]["event"] for b in neuron_inductor.report().buckets}
     assert events and events <= {"memory hit", "disk hit"}
+
+
+@nki_op("uk_test::scaled_tanh_pad_safe", mutates_args=(), pad_safe=True)
+def scaled_tanh_pad_safe(x: torch.Tensor, scale: float) -> torch.Tensor:
+    return wrap_nki(fused.scaled_tanh_fwd)(x, scale)
+
+
+def test_a_pad_safe_op_runs_padded_to_its_bucket(tmp_path):
+    """Declared pad-safe (rows are independent), the op keeps its sizes symbolic: lengths 131..200 share
+    the 256-row bucket, and the sum over the padded rows after it is masked by the pad-safety pass."""
+    compiled = _compile(lambda t: scaled_tanh_pad_safe(t * 1.0, 0.5).sum(0), tmp_path)
+    for rows in (100, 131, 170, 200):
+        x = torch.randn(rows, 16)
+        torch.testing.assert_close(compiled(x), torch.tanh(0.5 * x).sum(0), atol=1e-4, rtol=1e-5)
+    padded = [b for b in neuron_inductor.report().buckets if b["padding"]]
+    assert len(padded) == 1 and padded[0]["padding"]["padded_elements"] == 256 * 16
+    assert any(k["family"] == "user" for k in padded[0]["kernels"])
+
+
+def test_a_kernel_called_outside_an_op_is_a_graph_break_naming_nki_op():
+    def f(x):
+        return wrap_nki(fused.scaled_tanh_fwd)(x * 2, 0.5) + 1
+
+    x = torch.randn(16, 8)
+    torch.testing.assert_close(torch.compile(f, backend="neuron")(x), torch.tanh(x) + 1, **TOL[torch.float32])
+    torch._dynamo.reset()
+    with pytest.raises(Exception, match=r"inside a function registered with @neuron_inductor.nki_op"):
+        torch.compile(f, backend="neuron", fullgraph=True)(x)

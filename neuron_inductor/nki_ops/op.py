@@ -27,6 +27,7 @@ from torch._library.custom_ops import CustomOpDef
 from torch._subclasses.fake_tensor import FakeTensor
 
 from ..lowering import registry
+from ..passes.pad_safety import ROW_LOCAL
 from . import sources
 from .wrap import recording
 
@@ -42,6 +43,7 @@ class UserOp:
     name: str
     fn: Callable
     mutates_args: frozenset[str] | None  # None: "unknown" (torch assumes every argument is mutated)
+    pad_safe: bool = False  # declared: padded positions of its inputs only reach padded positions of its outputs
     op: CustomOpDef | None = None
     kernels: dict[Callable, None] = field(default_factory=dict)  # kernel functions, in first-call order
 
@@ -54,7 +56,7 @@ class UserOp:
         bound = inspect.signature(self.fn).bind(*args, **kwargs)
         tensors = {name: value for name, value in bound.arguments.items() if isinstance(value, torch.Tensor)}
         versions = {name: t._version for name, t in tensors.items()}
-        with recording() as log:
+        with recording(keep_symbols=self.pad_safe) as log:
             result = self.fn(*args, **kwargs)
         for call in log.calls:
             self.kernels.setdefault(call.func, None)
@@ -134,14 +136,19 @@ def _mutates(mutates_args: str | Iterable[str]) -> frozenset[str] | None:
 
 
 def nki_op(name: str, fn: Callable | None = None, mutates_args: str | Iterable[str] = (), *,
-           schema: str | None = None) -> Callable:
+           schema: str | None = None, pad_safe: bool = False) -> Callable:
     """Register `fn` (type-annotated; it calls kernels with wrap_nki) as the custom op `name`
-    ("namespace::op"); usable as a decorator. Returns the torch.library CustomOpDef."""
+    ("namespace::op"); usable as a decorator. Returns the torch.library CustomOpDef.
+
+    `pad_safe=True` declares that padded positions of the inputs (rows past the real length of a
+    bucketed dim) only reach padded positions of the outputs, so bucketing may pad its inputs: each
+    bucket then compiles once for every length in it. Without it the op's sizes specialise and every
+    length compiles at its exact shape."""
 
     mutated = _mutates(mutates_args)
 
     def register(fn: Callable) -> CustomOpDef:
-        user = UserOp(name, fn, mutated)
+        user = UserOp(name, fn, mutated, pad_safe=pad_safe)
 
         @functools.wraps(fn)
         def impl(*args, **kwargs):
@@ -155,6 +162,8 @@ def nki_op(name: str, fn: Callable | None = None, mutates_args: str | Iterable[s
         user.op.register_fake(impl)  # fake / meta tensors: only the kernels' shape logic runs
         REGISTRY[user.overload] = user
         registry.LOWERINGS[user.overload] = _lower
+        if pad_safe:
+            ROW_LOCAL.add(user.overload)  # the pad-safety pass's set of ops that never mix positions
         return user.op
 
     return register if fn is None else register(fn)

@@ -57,12 +57,13 @@ class CallLog:
 
     calls: list[NkiCall] = field(default_factory=list)
     written: list[torch.Tensor] = field(default_factory=list)
+    keep_symbols: bool = False  # the op declared padding safe: dynamic sizes stay symbolic (see _output_sizes)
 
 
 @contextlib.contextmanager
-def recording() -> Any:
+def recording(keep_symbols: bool = False) -> Any:
     previous = getattr(_state, "log", None)
-    log = _state.log = CallLog()
+    log = _state.log = CallLog(keep_symbols=keep_symbols)
     try:
         yield log
     finally:
@@ -136,6 +137,11 @@ class NkiCall:
         """The kernel's shape logic on meta tensors: its outputs' shapes and dtypes, no math."""
         originals: dict[int, torch.Tensor] = {}
         device = None
+        log = getattr(_state, "log", None)
+        symbols = _symbols_by_hint(bound.arguments.values()) if log is not None and log.keep_symbols else None
+        # Kernels compute on Python ints: dynamic sizes are specialised (Dynamo guards on them), unless
+        # the op declared padding safe; then the kernel runs at the sizes' current values (hints).
+        size = int if symbols is None else _hint
 
         def to_meta(value):
             nonlocal device
@@ -144,8 +150,7 @@ class NkiCall:
             if not isinstance(value, torch.Tensor):
                 return value
             device = device or value.device
-            # Kernels compute on Python ints: dynamic sizes are specialised (Dynamo guards on them).
-            meta = torch.empty_strided([int(s) for s in value.shape], [int(s) for s in value.stride()],
+            meta = torch.empty_strided([size(s) for s in value.shape], [size(s) for s in value.stride()],
                                        dtype=value.dtype, device="meta")
             originals[id(meta)] = value
             return meta
@@ -160,7 +165,6 @@ class NkiCall:
             counted = getattr(_state, "shape_instructions", None)
             if counted is not None:
                 counted.extend(recorded.instructions)
-            log = getattr(_state, "log", None)
             if log is not None:
                 log.written.extend(originals[id(m)] for m, version in zip(metas, versions) if m._version != version)
 
@@ -171,9 +175,31 @@ class NkiCall:
                 return value
             if id(value) in originals:  # the kernel returned one of its arguments
                 return originals[id(value)]
-            return torch.empty(value.shape, dtype=value.dtype, device=device)  # fake under the fake mode
+            sizes = list(value.shape) if symbols is None else [symbols.get(s, s) for s in value.shape]
+            return torch.empty(sizes, dtype=value.dtype, device=device)  # fake under the fake mode
 
         return from_meta(result)
+
+
+def _hint(size) -> int:
+    return size.node.hint if isinstance(size, torch.SymInt) and size.node.hint is not None else int(size)
+
+
+def _symbols_by_hint(values) -> dict[int, torch.SymInt] | None:
+    """The symbolic sizes of the tensor arguments by current value, for giving a pad-safe op's outputs
+    symbolic sizes: an output size equal to a symbolic input size is that size. None (specialise
+    everything) when two different symbols have the same value, so which one is meant is ambiguous."""
+    found: dict[int, torch.SymInt] = {}
+    for value in values:
+        if not isinstance(value, torch.Tensor):
+            continue
+        for s in value.shape:
+            if isinstance(s, torch.SymInt) and not s.node.is_nested_int():
+                hint = _hint(s)
+                if hint in found and str(found[hint]) != str(s):
+                    return None
+                found[hint] = s
+    return found
 
 
 _CALL_OUTSIDE_OP = ("wrap_nki(kernel)(...) called directly in code that torch.compile traces: the kernel runs "
