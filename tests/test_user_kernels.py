@@ -324,3 +324,70 @@ def test_a_mutating_custom_op_that_reads_padded_rows_runs_unpadded(tmp_path):
     for rows in (100, 131, 170):
         x = torch.randn(rows, 8)
         torch.testing.assert_close(compiled(x), x.exp().sum(0), atol=1e-4, rtol=1e-5)
+
+
+STAND_IN_NKI = '''
+class _Kernel:  # the real nki.jit's kernel object, as far as wrap_nki sees it: .func, [grid], call
+    def __init__(self, func):
+        self.func = func
+
+    def __getitem__(self, grid):
+        return self
+
+    def __call__(self, *args, **kwargs):
+        raise RuntimeError("the stand-in nki has no Neuron device")
+
+
+def jit(func=None, **options):
+    return _Kernel(func) if func is not None else _Kernel
+'''
+
+REAL_NKI_KERNEL = '''
+import nki
+import nki.isa as nisa
+import nki.language as nl
+
+
+@nki.jit
+def negate(x):
+    out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+    t = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.sbuf)
+    nisa.dma_copy(dst=t, src=x)
+    nisa.tensor_scalar(dst=t, data=t, op0=nl.multiply, operand0=-1.0)
+    nisa.dma_copy(dst=out, src=t)
+    return out
+'''
+
+
+def test_a_kernel_written_for_the_real_nki_is_rebuilt_for_the_interpreter(tmp_path):
+    """On a host without a Neuron device, a kernel made by the real nki.jit (here a stand-in package)
+    runs in the interpreter, rebuilt from its file, in eager, shape and compiled runs."""
+    import sys
+
+    (tmp_path / "nki").mkdir()
+    (tmp_path / "nki" / "__init__.py").write_text(STAND_IN_NKI)
+    (tmp_path / "nki" / "language.py").write_text("")
+    (tmp_path / "nki" / "isa.py").write_text("")
+    (tmp_path / "uk_real_nki_kernel.py").write_text(REAL_NKI_KERNEL)
+    saved = {name: sys.modules.pop(name) for name in list(sys.modules) if name == "nki" or name.startswith("nki.")}
+    sys.path.insert(0, str(tmp_path))
+    try:
+        module = importlib.import_module("uk_real_nki_kernel")
+    finally:
+        sys.path.remove(str(tmp_path))
+        for name in [n for n in sys.modules if n == "nki" or n.startswith("nki.")]:
+            del sys.modules[name]
+        sys.modules.update(saved)
+        sys.modules.pop("uk_real_nki_kernel", None)
+    assert type(module.negate).__module__ == "nki"
+
+    @nki_op("uk_test::negate_real_nki", mutates_args=())
+    def negate(x: torch.Tensor) -> torch.Tensor:
+        return wrap_nki(module.negate)(x)
+
+    x = torch.randn(32, 8)
+    with sim.trace() as recorded:
+        torch.testing.assert_close(negate(x), -x)
+    assert {i.kernel for i in recorded.instructions} == {"negate"}
+    assert negate(x.to("meta")).shape == (32, 8)
+    torch.testing.assert_close(_compile(lambda t: negate(t) + 1, tmp_path)(x), 1 - x)

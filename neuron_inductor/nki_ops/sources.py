@@ -77,15 +77,14 @@ def rebuild(func: Callable, namespace: dict[str, Any]) -> Any:
 _interpreted: dict[Callable, sim.Kernel] = {}
 
 
-def interpreter_kernel(func: Callable) -> sim.Kernel:
-    """The kernel as the interpreter runs it."""
-    kernel = _interpreted.get(func)
-    if kernel is None:
-        if uses_real_nki(func):
-            module = {"__name__": f"neuron_inductor_interpreted_{func.__name__}"}
-            with sim.as_nki():
-                kernel = rebuild(func, module)
-        else:
-            kernel = sim.Kernel(func)
-        _interpreted[func] = kernel
-    return kernel
+def interpreter_kernel(kernel: Any) -> sim.Kernel:
+    """A user's `@nki.jit` kernel as the interpreter runs it: itself when made by the interpreter's
+    nki.jit, else rebuilt from its file's source under `sim.as_nki()`."""
+    if isinstance(kernel, sim.Kernel):
+        return kernel
+    func = kernel.func
+    rebuilt = _interpreted.get(func)
+    if rebuilt is None:
+        with sim.as_nki():
+            rebuilt = _interpreted[func] = rebuild(func, {"__name__": f"neuron_inductor_interpreted_{func.__name__}"})
+    return rebuilt

@@ -127,11 +127,8 @@ class NkiCall:
         values = list(bound.arguments.values())
         if any(_is_shape_only(v) for v in values):
             return self._shape_run(bound)
-        kernel = self.kernel
-        toolchain = getattr(_state, "toolchain", None)
-        if toolchain is not None:
-            kernel = toolchain.adopt(self.func)
-        return kernel[self.grid](*bound.args, **bound.kwargs)
+        toolchain = getattr(_state, "toolchain", None) or _eager_toolchain()
+        return toolchain.adopt(self.kernel)[self.grid](*bound.args, **bound.kwargs)
 
     def _shape_run(self, bound: inspect.BoundArguments):
         """The kernel's shape logic on meta tensors: its outputs' shapes and dtypes, no math."""
@@ -161,7 +158,7 @@ class NkiCall:
             metas = [m for m in (*args, *kwargs.values()) if isinstance(m, torch.Tensor)]
             versions = [m._version for m in metas]
             with sim.shapes_only(), sim.trace(isolated=True) as recorded:
-                result = interpreter_kernel(self.func)[self.grid](*args, **kwargs)
+                result = interpreter_kernel(self.kernel)[self.grid](*args, **kwargs)
             counted = getattr(_state, "shape_instructions", None)
             if counted is not None:
                 counted.extend(recorded.instructions)
@@ -179,6 +176,21 @@ class NkiCall:
             return torch.empty(sizes, dtype=value.dtype, device=device)  # fake under the fake mode
 
         return from_meta(result)
+
+
+_eager_toolchains: dict[str, Any] = {}
+
+
+def _eager_toolchain():
+    """Where kernels called outside a compiled program run: NEURON_INDUCTOR_TOOLCHAIN's choice (by default
+    the interpreter, unless the real nki and a Neuron device are present)."""
+    from ..config import resolve
+    from ..toolchain import select_toolchain
+
+    choice = resolve().toolchain
+    if choice not in _eager_toolchains:
+        _eager_toolchains[choice] = select_toolchain(choice)
+    return _eager_toolchains[choice]
 
 
 def _hint(size) -> int:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Callable, Protocol
+from typing import Any, Callable, Protocol
 
 log = logging.getLogger("neuron_inductor")
 
@@ -23,8 +23,8 @@ class Toolchain(Protocol):
     def build(self, sources: dict[str, str]) -> dict[str, Callable]:
         """Compile each kernel's standalone source; returns the kernels by name."""
 
-    def adopt(self, func: Callable) -> Callable:
-        """A user's kernel function (written for this nki or the other) as this toolchain runs it."""
+    def adopt(self, kernel: Any) -> Callable:
+        """A user's `@nki.jit` kernel (made by this toolchain's nki or the other's) as this toolchain runs it."""
 
 
 def neuron_device_present() -> bool:

@@ -8,7 +8,7 @@ kernels with device tensors, exactly as the interpreter does on CPU.
 from __future__ import annotations
 
 import importlib.util
-from typing import Callable
+from typing import Any, Callable
 
 
 class ToolchainUnavailable(RuntimeError):
@@ -45,18 +45,15 @@ class NeuronToolchain:
             kernels[name] = namespace[name]
         return kernels
 
-    def adopt(self, func: Callable) -> Callable:
-        """The real nki.jit kernel: the function itself when written for the real nki, else rebuilt from
-        its file's source with the real nki importable."""
+    def adopt(self, kernel: Any) -> Callable:
+        """The real nki.jit kernel: the kernel itself when the real nki.jit made it, else rebuilt from its
+        file's source with the real nki importable."""
         from ..nki_ops.sources import rebuild, uses_real_nki
 
-        kernel = self._adopted.get(func)
-        if kernel is None:
-            import nki
-
-            if uses_real_nki(func):
-                kernel = nki.jit(func)
-            else:
-                kernel = rebuild(func, {"__name__": f"neuron_inductor_user_kernel_{func.__name__}"})
-            self._adopted[func] = kernel
-        return kernel
+        func = kernel.func
+        if uses_real_nki(func):
+            return kernel
+        rebuilt = self._adopted.get(func)
+        if rebuilt is None:
+            rebuilt = self._adopted[func] = rebuild(func, {"__name__": f"neuron_inductor_user_kernel_{func.__name__}"})
+        return rebuilt
