@@ -391,3 +391,18 @@ def test_a_kernel_written_for_the_real_nki_is_rebuilt_for_the_interpreter(tmp_pa
     assert {i.kernel for i in recorded.instructions} == {"negate"}
     assert negate(x.to("meta")).shape == (32, 8)
     torch.testing.assert_close(_compile(lambda t: negate(t) + 1, tmp_path)(x), 1 - x)
+
+
+@pytest.mark.slow
+def test_custom_kernel_example_runs():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    example = Path(__file__).resolve().parents[1] / "examples" / "custom_kernel.py"
+    run = subprocess.run([sys.executable, str(example)], capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr
+    assert "user kernels in the last step's trace: swiglu_bwd, swiglu_fwd" in run.stdout
+    losses = [line.split()[1:] for line in run.stdout.splitlines() if line[:4].strip().isdigit()]
+    assert len(losses) == 5 and all(abs(float(a) - float(b)) < 1e-4 for a, b in losses)
+    assert "backend's generated kernels" in run.stdout
