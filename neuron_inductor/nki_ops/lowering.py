@@ -20,7 +20,7 @@ import torch.utils._pytree as pytree
 from ..lowering.common import result_values
 from ..lowering.ir import KernelSpec, Unsupported
 from ..lowering.registry import register_lowering
-from .op import REGISTRY, UserOp, user_op_of
+from .op import REGISTRY, UserOp, named, user_op_of
 from .wrap import running_on, shape_instructions
 
 FAMILY = "user"
@@ -113,10 +113,9 @@ class UserKernelStep:
 
 def build_steps(user_kernels: dict[str, dict], toolchain) -> dict[str, Callable]:
     """The steps of a program's nki_op kernels (by kernel name), for `toolchain`."""
-    by_name = {user.name: user for user in REGISTRY.values()}
     steps = {}
     for name, params in user_kernels.items():
-        user = by_name.get(params["op"])
+        user = named(params["op"])
         if user is None:
             raise RuntimeError(f"compiled program needs the nki_op {params['op']!r}, which this process has not "
                                "registered: import the module that defines it before running the model")
@@ -125,4 +124,4 @@ def build_steps(user_kernels: dict[str, dict], toolchain) -> dict[str, Callable]
 
 
 def source(spec: KernelSpec) -> str:
-    return next(u for u in REGISTRY.values() if u.name == spec.params["op"]).source()
+    return named(spec.params["op"]).source()

@@ -110,6 +110,10 @@ class UserOp:
 REGISTRY: dict[torch._ops.OpOverload, UserOp] = {}
 
 
+def named(name: str) -> UserOp | None:
+    return next((user for user in REGISTRY.values() if user.name == name), None)
+
+
 def user_op_of(node) -> UserOp | None:
     """The nki_op an FX node calls (directly, or through auto_functionalized_v2 when it mutates), if any."""
     if node.op != "call_function":
@@ -170,6 +174,6 @@ def nki_op(name: str, fn: Callable | None = None, mutates_args: str | Iterable[s
 
 
 def _lower(node):
-    from .lowering import lower_user_op  # the lowering imports codegen; ops are defined before any compile
+    from .lowering import lower_user_op  # (lowering.py imports this module)
 
     return lower_user_op(node)

@@ -3,8 +3,8 @@
 Tensor arguments become the kernel's HBM tensors; every other argument is a constant the kernel
 sees as plain Python (as in NKI, where non-tensor arguments are fixed at trace time). Three ways
 a call runs:
-- real tensors: the kernel itself runs (the NKI interpreter on CPU; inside a compiled program,
-  the version its toolchain built, see `running_on`);
+- real tensors: the kernel runs on a toolchain (`toolchain.adopt`): inside a compiled program
+  its toolchain (see `running_on`), elsewhere the configured one (the NKI interpreter on CPU);
 - fake or meta tensors: only the kernel's shape logic runs, in the interpreter on meta tensors
   (no data, no math, hidden from traces), giving outputs of the right shapes and dtypes;
 - under Dynamo outside an `nki_op`: not traceable, so Dynamo runs the call eagerly (a graph
