@@ -29,7 +29,7 @@ from typing import Any
 import torch
 import torch.fx as fx
 
-from . import bucketing, generalize, observe
+from . import bucketing, generalize, nki_ops, observe
 from .bucketing import Bucket, BucketPolicy, evaluate, shape_exprs, size_expr
 from .cache import base_key_parts, get_cache
 from .compiler import CompiledArtifact, Program, compile_and_build
@@ -46,6 +46,7 @@ COMPILED_PROGRAMS: list[dict[str, Any]] = []
 def graph_structure_hash(gm: fx.GraphModule, example_inputs: list) -> str:
     """Hash of the graph's code and its inputs' dtypes and (possibly symbolic) shapes."""
     digest = hashlib.sha256(gm.code.encode())
+    digest.update(nki_ops.kernels_hash(gm).encode())  # users' kernels: their source, not only their op's name
     for value in example_inputs:
         if isinstance(value, torch.Tensor):
             digest.update(f"{value.dtype}{tuple(map(str, value.shape))}".encode())

@@ -428,6 +428,8 @@ class _Rewriter:
 
     def is_row_local(self, node: fx.Node) -> bool:
         target = node.target
+        if target is torch.ops.higher_order.auto_functionalized_v2:  # a mutating custom op: judge the op itself
+            target = node.args[0]
         if not isinstance(target, torch._ops.OpOverload):
             return True  # getitem and SymInt arithmetic
         return target in ROW_LOCAL or torch.Tag.pointwise in target.tags

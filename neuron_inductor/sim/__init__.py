@@ -11,6 +11,8 @@ Kernels written for real NKI run unchanged::
     with sim.trace() as t:                          # record every ISA instruction
         out = my_kernels.matmul(a, b)
     t.estimate("trn2").total_seconds                # cost-model device time for one NeuronCore
+    with sim.shapes_only():                         # shape logic only, on meta tensors (no math)
+        out = my_kernels.matmul(a.to("meta"), b.to("meta"))
 
     python -m neuron_inductor.sim SCRIPT.py ARGS    # run a script written for real NKI
 
@@ -41,11 +43,11 @@ from .errors import NkiCapacityError, NkiError, NkiIndexError, NkiRuleError
 from .launch import Kernel, jit, simulate
 from .shim import as_nki, load_kernels
 from .targets import TARGETS, Target, get_target
-from .tensor import NkiTensor
+from .tensor import NkiTensor, shapes_only
 from .tracing import Instruction, Trace, trace
 
 __all__ = [
     "Estimate", "Instruction", "Kernel", "NkiCapacityError", "NkiError", "NkiIndexError", "NkiRuleError",
     "NkiTensor", "TARGETS", "Target", "Trace", "as_nki", "estimate", "get_target", "isa", "jit", "language",
-    "load_kernels", "simulate", "trace",
+    "load_kernels", "shapes_only", "simulate", "trace",
 ]

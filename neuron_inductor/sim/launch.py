@@ -44,6 +44,9 @@ class Kernel:
             raise NkiError(f"{self.func.__name__}[{grid}]: a grid is one or more positive ints")
         return Kernel(self.func, grid, self.platform_target)
 
+    @torch._dynamo.disable(reason="an NKI kernel called directly in code torch.compile traces runs eagerly (a "
+                                  "graph break); register the function calling it with neuron_inductor.nki_op and "
+                                  "call the kernel through wrap_nki to make it a kernel of the compiled program")
     def __call__(self, *args, **kwargs):
         return run(self.func, self.grid, args, kwargs, self.platform_target)
 

@@ -11,7 +11,9 @@ from __future__ import annotations
 import builtins
 import contextlib
 import linecache
+import re
 import sys
+import types
 
 from . import isa, language, nki_api
 from .launch import Kernel
@@ -35,14 +37,24 @@ def as_nki():
         sys.modules.update(saved)
 
 
+def loaded_module_name(filename: str) -> str:
+    return "neuron_inductor.sim.loaded." + (re.sub(r"\W+", "_", filename).strip("_") or "source")
+
+
 def load_kernels(source: str, filename: str) -> dict[str, Kernel]:
     """Exec NKI source under as_nki() and return its jit kernels by name.
 
-    The source is registered with linecache so tracebacks show the kernel's lines.
+    The source is registered with linecache so tracebacks (and `inspect.getsource`) show the kernel's
+    lines, and it runs as a module in sys.modules (one per filename; loading the same filename again
+    replaces it): tools that look up a function's module by name (Dynamo, pickle, torch.library)
+    find it.
     """
     code = compile(source, filename, "exec")
     linecache.cache[filename] = (len(source), None, source.splitlines(keepends=True), filename)
-    namespace = {"__name__": "__nki_kernels__", "__file__": filename, "__builtins__": builtins}
+    module = types.ModuleType(loaded_module_name(filename))
+    module.__file__ = filename
+    module.__dict__["__builtins__"] = builtins
+    sys.modules[module.__name__] = module
     with as_nki():
-        exec(code, namespace)
-    return {name: value for name, value in namespace.items() if isinstance(value, Kernel)}
+        exec(code, module.__dict__)
+    return {name: value for name, value in vars(module).items() if isinstance(value, Kernel)}

@@ -17,6 +17,7 @@ accumulate rules: a flag for "none" / "all" and a bool mask only while partially
 
 from __future__ import annotations
 
+import contextlib
 import operator
 
 import torch
@@ -76,14 +77,30 @@ _RECYCLE_MAX_ELEMENTS = 1 << 23  # don't hold on to tiles bigger than 32 MiB of 
 
 def _recycle(storage: torch.Tensor) -> None:
     # Storage made under torch.inference_mode() cannot be written outside it: not reusable.
-    if storage.numel() <= _RECYCLE_MAX_ELEMENTS and not storage.is_inference():
+    if storage.numel() <= _RECYCLE_MAX_ELEMENTS and not storage.is_inference() and not storage.is_meta:
         bucket = _RECYCLED.setdefault((tuple(storage.shape), storage.dtype), [])
         if len(bucket) < _RECYCLE_PER_KEY:
             bucket.append(storage)
 
 
+_shape_runs = 0  # > 0 while shapes_only() is active: every allocation is a meta tensor
+
+
+@contextlib.contextmanager
+def shapes_only():
+    """Kernels called inside run only their shape logic: all memory is on the meta device (no data,
+    no math); rules on shapes, dtypes and capacity still apply. HBM arguments must be meta tensors."""
+    global _shape_runs
+    _shape_runs += 1
+    try:
+        with torch.device("meta"):
+            yield
+    finally:
+        _shape_runs -= 1
+
+
 def _fresh_storage(shape, dtype: torch.dtype, fill) -> torch.Tensor:
-    bucket = _RECYCLED.get((shape, dtype))
+    bucket = _RECYCLED.get((shape, dtype)) if not _shape_runs else None
     if bucket:
         return bucket.pop().fill_(fill)
     return torch.full(shape, fill, dtype=dtype)
@@ -298,7 +315,7 @@ def mark_written(t: NkiTensor) -> None:
     alloc = t.alloc
     if alloc.written == WRITTEN:
         return
-    if t.data.numel() == alloc.storage.numel():
+    if t.data.numel() == alloc.storage.numel() or alloc.storage.is_meta:  # (meta: no values to track)
         alloc.written, alloc.mask = WRITTEN, None
         return
     if alloc.mask is None:
