@@ -31,9 +31,11 @@ from enum import Enum
 
 import torch
 
-from . import context, dtypes, rules
+from . import context, dtypes, indirect, rules
 from . import tensor as tensors
 from .errors import NkiError
+from .indirect import IndirectView
+from .registers import VirtualRegister, register_alloc, register_load, register_move, register_store  # noqa: F401
 from .ops import ALU_KINDS, OPS
 from .tracing import ACTIVE, record
 
@@ -82,6 +84,30 @@ class nc_version(Enum):
     gen2 = 2
     gen3 = 3
     gen4 = 4
+
+    # Kernels gate features with `nisa.get_nc_version() >= nisa.nc_version.gen3`.
+    def __lt__(self, other):
+        return self.value < _nc_version_value(other)
+
+    def __le__(self, other):
+        return self.value <= _nc_version_value(other)
+
+    def __gt__(self, other):
+        return self.value > _nc_version_value(other)
+
+    def __ge__(self, other):
+        return self.value >= _nc_version_value(other)
+
+
+def _nc_version_value(other) -> int:
+    if not isinstance(other, nc_version):
+        raise TypeError(f"cannot order nisa.nc_version against {type(other).__name__}")
+    return other.value
+
+
+class dma_engine(Enum):
+    dma = 1         # shared DMA queues (default)
+    gpsimd_dma = 2  # GpSimd's internal DMA for SBUF-to-SBUF swaps between the two cores of LNC=2
 
 
 # Deprecated aliases still found in kernels.
@@ -628,9 +654,18 @@ def fill(dst, value) -> None:
 
 # ---------------------------------------------------------------------------- DMA
 
-def dma_copy(dst, src, oob_mode=oob_mode.error, dge_mode=dge_mode.unknown, name=None):
-    """Copy between HBM and SBUF (never PSUM); only element counts must match."""
-    _dma_copy("nisa.dma_copy", "dma_copy", dst, src, dge_mode)
+def dma_copy(dst, src, priority=None, oob_mode=oob_mode.error, dge_mode=dge_mode.unknown, engine=engine.unknown,
+             name=None):
+    """Copy between HBM and SBUF (never PSUM); only element counts must match.
+
+    An indirect side (`.ap(scalar_offset= / vector_offset=)`) makes it a gather or scatter
+    (indirect.py); oob_mode says what out-of-bounds indices do.
+    """
+    api = "nisa.dma_copy"
+    if isinstance(dst, IndirectView) or isinstance(src, IndirectView):
+        indirect.dma(api, dst, src, oob_mode, lambda d, s: _dma_copy(api, "dma_copy", d, s, dge_mode))
+        return
+    _dma_copy(api, "dma_copy", dst, src, dge_mode)
 
 
 _DMA_BUFFERS = frozenset({"sbuf", "shared_hbm", "private_hbm"})

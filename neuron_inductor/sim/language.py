@@ -17,9 +17,12 @@ import torch
 
 from . import context, dtypes, isa, rules
 from . import tensor as tensors
-from .dtypes import (bfloat16, bool_, float8_e4m3, float8_e4m3fn, float8_e5m2, float16, float32,  # noqa: F401
-                     int8, int16, int32, tfloat32, uint8, uint16, uint32)
+from .dtypes import (bfloat16, bool_, float4_e2m1fn_x4, float8_e4m3, float8_e4m3fn,  # noqa: F401
+                     float8_e4m3fn_x4, float8_e5m2, float8_e5m2_x4, float8_e8m0fnu, float16, float32, int8,
+                     int16, int32, tfloat32, uint8, uint16, uint32)
 from .errors import NkiError
+from .objects import NKIObject  # noqa: F401
+from .registers import dynamic_range, fori_loop, while_loop  # noqa: F401
 from .ops import ALU_KINDS, OPS, NkiOp
 from .tensor import DynSlice, NkiTensor, ds  # noqa: F401
 
@@ -184,7 +187,7 @@ def affine_range(*args, **kwargs):
     return range(*args)
 
 
-sequential_range = static_range = dynamic_range = affine_range
+sequential_range = static_range = affine_range
 
 
 # ---------------------------------------------------------------------------- elementwise math

@@ -174,27 +174,63 @@ class NkiTensor:
             rules.reshape_keeps_partitions(data.shape[0], view.shape[0])
         return NkiTensor(view, new, self.buffer, self.alloc, self.name)
 
-    def ap(self, pattern, offset=0, scalar_offset=None, vector_offset=None, indirect_dim=0) -> NkiTensor:
-        """An access pattern [[stride, count], ...] in elements over the whole allocation (not this view).
+    def ap(self, pattern, offset=None, scalar_offset=None, vector_offset=None, indirect_dim=0, dtype=None) -> NkiTensor:
+        """An explicit access pattern [[stride, count], ...] over the allocation's storage (torch.as_strided).
 
-        On-chip, the first pair is the partition dim and its stride is the allocation's
-        free size. Gathers (scalar_offset / vector_offset) are not modelled.
+        Strides, counts and `offset` count elements of `dtype` (default: this tensor's), and
+        `offset` is added to this view's first element (None and 0 keep it). On-chip, the
+        first pair is the partition dim and its stride is the allocation's free size.
+        scalar_offset / vector_offset make an indirect view (see indirect.py) for dma_copy.
         """
-        if scalar_offset is not None or vector_offset is not None:
-            raise NkiError("NkiTensor.ap: scalar_offset / vector_offset gathers are not modelled by the interpreter")
-        storage = self.alloc.storage
-        if not storage.is_contiguous() or self.data.dtype is not storage.dtype:
-            raise NkiError("NkiTensor.ap needs a contiguous tensor in its own dtype")
+        new = self.dtype if dtype is None else dtypes.as_dtype(dtype)
+        flat, base, alloc = self._flat_storage(new)
         strides = [operator.index(stride) for stride, _ in pattern]
         sizes = [operator.index(count) for _, count in pattern]
-        if self.buffer.on_chip and strides and storage.dim() > 1 and strides[0] != storage.stride(0):
-            rules.fail("NkiTensor.ap", "partition stride = allocation free size", strides[0],
-                       f"partition stride {strides[0]}, expected {storage.stride(0)}")
-        last = offset + sum((n - 1) * s for s, n in zip(strides, sizes))
-        if offset < 0 or min(strides, default=0) < 0 or last >= storage.numel():
-            raise NkiIndexError(f"access pattern {pattern} at offset {offset} leaves the {storage.numel()}-element tensor")
-        view = storage.as_strided(sizes, strides, storage.storage_offset() + offset)
-        return NkiTensor(view, self.dtype, self.buffer, self.alloc, self.name)
+        storage = self.alloc.storage
+        if self.buffer.on_chip and strides and storage.dim() > 1:
+            partition_stride = storage.stride(0) * storage.element_size() // new.itemsize
+            if strides[0] != partition_stride:
+                rules.fail("NkiTensor.ap", "partition stride = allocation free size", strides[0],
+                           f"partition stride {strides[0]}, expected {partition_stride}")
+        base += 0 if offset is None else operator.index(offset)
+        if scalar_offset is not None or vector_offset is not None:
+            from . import indirect  # indirect views subclass NkiTensor
+
+            owner = self if alloc is self.alloc else NkiTensor(alloc.storage, self.dtype, self.buffer, alloc, self.name)
+            return indirect.make(owner, flat, sizes, strides, base, new, scalar_offset, vector_offset, indirect_dim)
+        last = base + sum((n - 1) * s for s, n in zip(strides, sizes))
+        if base < 0 or min(strides, default=0) < 0 or last >= flat.numel():
+            raise NkiIndexError(f"access pattern {pattern} at element {base} leaves the {flat.numel()}-element tensor")
+        view = flat.as_strided(sizes, strides, flat.storage_offset() + base)
+        return NkiTensor(view, new, self.buffer, alloc, self.name)
+
+    def _flat_storage(self, new):
+        """(storage as 1-D elements of dtype `new`, this view's first element in it, its Allocation)."""
+        storage = self.alloc.storage
+        if storage.dtype is not self.dtype.storage or (new is not self.dtype and new.storage.itemsize != new.itemsize):
+            raise NkiError(f"NkiTensor.ap on a {self.dtype!r} tensor needs real-dtype storage "
+                           f"(unset {dtypes.FP32_STORAGE_ENV}; uint32 has none)")
+        alloc = self.alloc
+        if not storage.is_contiguous():
+            data = self.data
+            if self.buffer.on_chip or data.shape != storage.shape or data.stride() != storage.stride():
+                raise NkiError("NkiTensor.ap needs a contiguous allocation (or a whole strided kernel argument)")
+            # A strided kernel argument: HBM is row-major on the device, so address a row-major copy (read-only).
+            storage = storage.contiguous()
+            alloc = Allocation(storage, readonly=True)
+        flat = storage.reshape(-1)
+        first = self.data.storage_offset() - storage.storage_offset()
+        if new is not self.dtype:
+            try:
+                flat = flat.view(new.storage)
+            except RuntimeError as error:
+                raise NkiError(f"NkiTensor.ap(dtype={new!r}) of a {self.dtype!r} tensor: {error}") from None
+            first_bytes = first * self.dtype.itemsize
+            if first_bytes % new.itemsize:
+                raise NkiError(f"NkiTensor.ap(dtype={new!r}): the view starts {first_bytes} B in, "
+                               f"not a multiple of {new.itemsize} B")
+            first = first_bytes // new.itemsize
+        return flat, first, alloc
 
     def start_partition(self) -> int:
         """First partition an on-chip view touches."""
