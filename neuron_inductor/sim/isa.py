@@ -718,3 +718,9 @@ def dma_transpose(dst, src, axes=None, dge_mode=dge_mode.unknown, name=None):
         _write(dst, values.to(_F32))
     if ACTIVE:
         record("dma", "dma_transpose", 0, a * b * src.dtype.itemsize, a, b, (("dst", dst), ("src", src)))
+
+
+# Instructions kept in their own modules (they use the helpers above); nki.isa exposes them all.
+from .isa_cores import core_barrier, sendrecv  # noqa: E402,F401
+from .isa_scan import tensor_scalar_reduce, tensor_tensor_scan  # noqa: E402,F401
+from .isa_search import max8, nc_find_index8, nc_match_replace8, nonzero_with_count  # noqa: E402,F401
