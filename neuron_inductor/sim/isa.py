@@ -171,8 +171,14 @@ def _i64(t) -> torch.Tensor:
 def _scalar(operand, integer=False):
     """A number or a [P, 1] tile as something that broadcasts against [P, F]."""
     if getattr(operand, "buffer", None) is None:
-        return torch.scalar_tensor(operand, dtype=_I64 if integer else _F32)
+        return torch.scalar_tensor(operand, dtype=_I64) if integer else f32_immediate(operand)
     return _i64(operand) if integer else _f32(operand)
+
+
+def f32_immediate(value) -> torch.Tensor:
+    """A Python number as the fp32 immediate the engines see: rounded to nearest, so the
+    library's -3.4028235e38 "minus infinity" fill (just past FLT_MAX in float64) becomes -FLT_MAX."""
+    return torch.scalar_tensor(value, dtype=torch.float64).to(_F32)
 
 
 def _is_int(operand) -> bool:
@@ -624,7 +630,7 @@ def affine_select(dst, pattern, channel_multiplier, on_true_tile, on_false_value
     values = _affine_values(api, p, pattern, offset, channel_multiplier)
     rules.same_free_size(api, "dst", n, "pattern", values.shape[1])
     keep = cmp_op.fn(values.to(_F32), torch.scalar_tensor(0.0)) != 0
-    _write(dst, torch.where(keep, _f32(on_true_tile), torch.scalar_tensor(float(on_false_value))))
+    _write(dst, torch.where(keep, _f32(on_true_tile), f32_immediate(on_false_value)))
     if ACTIVE:
         record("gpsimd", "affine_select", p * n, _bytes(dst, on_true_tile), n, p,
                (("dst", dst), ("on_true_tile", on_true_tile)))
@@ -644,7 +650,7 @@ def memset(dst, value, engine=engine.unknown, name=None):
 
 def fill(dst, value) -> None:
     """Set every element of dst to `value` cast to dst.dtype (no rules, no trace)."""
-    scalar = torch.scalar_tensor(value, dtype=torch.float64 if dst.dtype.kind == "int" else _F32)
+    scalar = torch.scalar_tensor(value, dtype=torch.float64) if dst.dtype.kind == "int" else f32_immediate(value)
     if dst.dtype in _NEEDS_CAST:
         scalar = dtypes.cast_for_store(scalar, dst.dtype, dst.data.dtype)
     dst.data.fill_(scalar)

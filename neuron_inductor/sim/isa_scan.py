@@ -24,7 +24,7 @@ def tensor_tensor_scan(dst, data0, data1, initial, op0, op1, reverse0=False, rev
     rules.vector_operand(api, "initial", initial, p)
     a, b = isa._f32(data0), isa._f32(data1)
     state = isa._scalar(initial).reshape(-1).expand(p) if getattr(initial, "buffer", None) is not None \
-        else torch.full((p,), float(initial))
+        else isa.f32_immediate(initial).expand(p)
     out = torch.empty(p, n)
     for i in range(n):
         x = op0.fn(state, a[:, i]) if reverse0 else op0.fn(a[:, i], state)

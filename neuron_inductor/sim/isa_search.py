@@ -87,7 +87,7 @@ def nc_match_replace8(dst, data, vals, imm, dst_idx=None, name=None):
     replaced = values.clone()
     hit = positions >= 0
     rows = torch.arange(p)[:, None].expand(p, 8)
-    replaced[rows[hit], positions[hit]] = float(imm)
+    replaced[rows[hit], positions[hit]] = isa.f32_immediate(imm)
     if dst_idx is not None:
         _eight(api, "dst_idx", dst_idx, p)
         isa._write(dst_idx, torch.where(hit, positions, _sentinel(dst_idx)))
