@@ -730,3 +730,5 @@ def dma_transpose(dst, src, axes=None, dge_mode=dge_mode.unknown, name=None):
 from .isa_cores import core_barrier, sendrecv  # noqa: E402,F401
 from .isa_scan import tensor_scalar_reduce, tensor_tensor_scan  # noqa: E402,F401
 from .isa_search import max8, nc_find_index8, nc_match_replace8, nonzero_with_count  # noqa: E402,F401
+from .isa_gather import (local_gather, nc_n_gather, nc_stream_shuffle, tensor_copy_predicated,  # noqa: E402,F401
+                         tensor_partition_reduce)
