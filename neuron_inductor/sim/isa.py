@@ -33,7 +33,7 @@ import torch
 
 from . import context, dtypes, indirect, rules
 from . import tensor as tensors
-from .errors import NkiError
+from .errors import NkiError, NkiIndexError
 from .indirect import IndirectView
 from .registers import VirtualRegister, register_alloc, register_load, register_move, register_store  # noqa: F401
 from .ops import ALU_KINDS, OPS
@@ -154,7 +154,8 @@ def _f32_reused(t) -> torch.Tensor:
     data = t.data
     alloc = t.alloc
     storage = alloc.storage
-    if data.dtype is _F32 or data.dtype is not storage.dtype or data.numel() * 8 < storage.numel():
+    if data.dtype is _F32 or data.dtype is not storage.dtype or data.numel() * 8 < storage.numel() \
+            or storage.storage_offset() or not storage.is_contiguous():  # address= tiles view a shared buffer
         return _f32(t)
     version = storage._version  # shared by every view: bumps on any in-place write
     if alloc.f32_version != version:
@@ -702,28 +703,46 @@ def _dma_copy(api, op_name, dst, src, mode=dge_mode.unknown):
         record("dma", op_name, 0, nbytes, n // p, p, (("dst", dst), ("src", src)))
 
 
-def dma_transpose(dst, src, axes=None, dge_mode=dge_mode.unknown, name=None):
-    """dst = src.T for 2-D 2-byte tensors, HBM -> SBUF or SBUF -> SBUF."""
+_DMA_TRANSPOSE_PERMS = {2: (1, 0), 3: (2, 1, 0), 4: (3, 1, 2, 0)}
+
+
+def dma_transpose(dst, src, axes=None, priority=None, dge_mode=dge_mode.unknown, oob_mode=oob_mode.error, name=None):
+    """dst = src permuted ([1, 0] for 2-D, [2, 1, 0] for 3-D, [3, 1, 2, 0] for 4-D) for 2-byte dtypes,
+    HBM -> SBUF or SBUF -> SBUF; an indirect src (`.ap(vector_offset=)`) gathers its rows first."""
     api = "nisa.dma_transpose"
     rules.on_chip(api, "src", src, ("sbuf", "shared_hbm", "private_hbm"))
     rules.operand(api, "dst", dst, _SBUF)
-    rules.two_byte_dtype(api, "src", src)
+    if dge_mode is globals()["dge_mode"].hwdge or isinstance(src, IndirectView):
+        rules.two_byte_dtype(api, "src", src)  # documented for the hardware-DGE and indirect transposes only
     rules.same_dtype(api, "dst", dst, "src", src)
-    if src.data.dim() != 2 or (axes is not None and tuple(axes) != (1, 0)):
-        raise NkiError(f"{api}: only 2-D transposes (axes=(1, 0)) are modelled, got {list(src.data.shape)}, axes={axes}")
-    a, b = src.data.shape
-    if dst.data.shape[0] != b or rules.free_size(dst) != a:
+    ndim = len(src.shape)
+    perm = _DMA_TRANSPOSE_PERMS.get(ndim)
+    if perm is None or (axes is not None and tuple(axes) != perm):
+        raise NkiError(f"{api}: {ndim}-d src with axes={axes}: the DMA transposes 2-d (1, 0), 3-d (2, 1, 0) and "
+                       "4-d (3, 1, 2, 0) tiles")
+    if isinstance(src, IndirectView):
+        if dge_mode is globals()["dge_mode"].hwdge:
+            raise NkiError(f"{api}: an indirect transpose runs on the software DGE (dge_mode swdge or unknown)")
+        addr, valid = src.resolve(api)
+        if valid is not None:
+            raise NkiIndexError(f"{api}: an indirect index is out of bounds (dim of size {src.bound})")
+        values = src.flat[addr]
+    else:
+        values = src.data
+    values = values.permute(perm)
+    expected = tuple(values.shape)
+    if dst.data.shape[0] != expected[0] or dst.data.numel() != values.numel():
         rules.fail(api, "dst is src transposed", list(dst.data.shape),
-                   f"dst has shape {list(dst.data.shape)}, expected [{b}, {a}]")
-    values = src.data.t()
-    if src.alloc is dst.alloc:
+                   f"dst has shape {list(dst.data.shape)}, expected {list(expected)}")
+    if not isinstance(src, IndirectView) and src.alloc is dst.alloc:
         values = values.clone()
+    a, b = values.shape[0], values.numel() // values.shape[0]
     if _same_storage(dst, src):
         _write(dst, values, wrap=True)
     else:
         _write(dst, values.to(_F32))
     if ACTIVE:
-        record("dma", "dma_transpose", 0, a * b * src.dtype.itemsize, a, b, (("dst", dst), ("src", src)))
+        record("dma", "dma_transpose", 0, a * b * src.dtype.itemsize, b, a, (("dst", dst), ("src", src)))
 
 
 # Instructions kept in their own modules (they use the helpers above); nki.isa exposes them all.

@@ -175,24 +175,25 @@ class NkiTensor:
         return NkiTensor(view, new, self.buffer, self.alloc, self.name)
 
     def ap(self, pattern, offset=None, scalar_offset=None, vector_offset=None, indirect_dim=0, dtype=None) -> NkiTensor:
-        """An explicit access pattern [[stride, count], ...] over the allocation's storage (torch.as_strided).
+        """An explicit access pattern [[stride, count], ...] over the allocation (torch.as_strided).
 
         Strides, counts and `offset` count elements of `dtype` (default: this tensor's), and
-        `offset` is added to this view's first element (None and 0 keep it). On-chip, the
-        first pair is the partition dim and its stride is the allocation's free size.
-        scalar_offset / vector_offset make an indirect view (see indirect.py) for dma_copy.
+        `offset` is added to this view's first element (None and 0 keep it). Addresses are
+        row-major over the allocation: on-chip, element e is partition e // F, column e % F
+        (F = the allocation's free size), so the first pair is the partition dim with stride F.
+        scalar_offset / vector_offset make an indirect view of an HBM tensor (indirect.py) for dma_copy.
         """
         new = self.dtype if dtype is None else dtypes.as_dtype(dtype)
-        flat, base, alloc = self._flat_storage(new)
         strides = [operator.index(stride) for stride, _ in pattern]
         sizes = [operator.index(count) for _, count in pattern]
-        storage = self.alloc.storage
-        if self.buffer.on_chip and strides and storage.dim() > 1:
-            partition_stride = storage.stride(0) * storage.element_size() // new.itemsize
-            if strides[0] != partition_stride:
-                rules.fail("NkiTensor.ap", "partition stride = allocation free size", strides[0],
-                           f"partition stride {strides[0]}, expected {partition_stride}")
-        base += 0 if offset is None else operator.index(offset)
+        extra = 0 if offset is None else operator.index(offset)
+        if self.buffer.on_chip and self.alloc.storage.dim() > 1:
+            if scalar_offset is not None or vector_offset is not None:
+                raise NkiError("NkiTensor.ap: indirect access patterns (scalar_offset / vector_offset) on on-chip "
+                               "tiles are not modelled; index an HBM tensor")
+            return self._on_chip_ap(pattern, new, extra, strides, sizes)
+        flat, base, alloc = self._flat_storage(new)
+        base += extra
         if scalar_offset is not None or vector_offset is not None:
             from . import indirect  # indirect views subclass NkiTensor
 
@@ -204,12 +205,48 @@ class NkiTensor:
         view = flat.as_strided(sizes, strides, flat.storage_offset() + base)
         return NkiTensor(view, new, self.buffer, alloc, self.name)
 
-    def _flat_storage(self, new):
-        """(storage as 1-D elements of dtype `new`, this view's first element in it, its Allocation)."""
+    def _on_chip_ap(self, pattern, new, extra, strides, sizes):
+        """ap on a tile: row-major element addresses mapped onto its [P, F] storage rows (which are
+        strided views of the buffer for address= tiles)."""
+        self._check_real_storage(new)
+        storage = self.alloc.storage
+        rows = _rows(storage)
+        itemsize = self.dtype.itemsize
+        into = self.data.storage_offset() - storage.storage_offset()  # elements, in storage's own row stride
+        row, column = divmod(into, rows.stride(0))
+        first = (row * rows.shape[1] + column) * itemsize  # bytes from the tile's start, row-major
+        if new is not self.dtype:
+            try:
+                rows = rows.view(new.storage)
+            except RuntimeError as error:
+                raise NkiError(f"NkiTensor.ap(dtype={new!r}) of a {self.dtype!r} tile: {error}") from None
+        if first % new.itemsize:
+            raise NkiError(f"NkiTensor.ap(dtype={new!r}): the view starts {first} B into the tile, "
+                           f"not a multiple of {new.itemsize} B")
+        base = first // new.itemsize + extra
+        partitions, free = rows.shape
+        if strides and strides[0] != free:
+            rules.fail("NkiTensor.ap", "partition stride = allocation free size", strides[0],
+                       f"partition stride {strides[0]}, expected {free}")
+        first_row, column = divmod(base, free) if base >= 0 else (-1, 0)
+        in_row = column + sum((n - 1) * s for s, n in zip(strides[1:], sizes[1:]))
+        last_row = first_row + (sizes[0] - 1 if sizes else 0)
+        if first_row < 0 or min(strides, default=0) < 0 or last_row >= partitions or in_row >= free:
+            raise NkiIndexError(f"access pattern {pattern} at element {base} leaves the [{partitions}, {free}] tile")
+        physical = [rows.stride(0)] + strides[1:] if strides else []
+        view = rows.as_strided(sizes, physical, rows.storage_offset() + first_row * rows.stride(0) + column)
+        return NkiTensor(view, new, self.buffer, self.alloc, self.name)
+
+    def _check_real_storage(self, new):
         storage = self.alloc.storage
         if storage.dtype is not self.dtype.storage or (new is not self.dtype and new.storage.itemsize != new.itemsize):
             raise NkiError(f"NkiTensor.ap on a {self.dtype!r} tensor needs real-dtype storage "
                            f"(unset {dtypes.FP32_STORAGE_ENV}; uint32 has none)")
+
+    def _flat_storage(self, new):
+        """(storage as 1-D elements of dtype `new`, this view's first element in it, its Allocation)."""
+        self._check_real_storage(new)
+        storage = self.alloc.storage
         alloc = self.alloc
         if not storage.is_contiguous():
             data = self.data
@@ -219,7 +256,7 @@ class NkiTensor:
             storage = storage.contiguous()
             alloc = Allocation(storage, readonly=True)
         flat = storage.reshape(-1)
-        first = self.data.storage_offset() - storage.storage_offset()
+        first = self.data.storage_offset() - storage.storage_offset() if alloc is self.alloc else 0
         if new is not self.dtype:
             try:
                 flat = flat.view(new.storage)
@@ -241,6 +278,15 @@ class NkiTensor:
         storage = self.alloc.storage
         partition_bytes = storage.stride(0) * storage.element_size() if storage.dim() else 1
         return offset * data.element_size() // partition_bytes
+
+
+def _rows(storage):
+    """A [P, F] view of a tile whose free dims are contiguous within each partition (an address= tile)."""
+    flat_free = storage.numel() // storage.shape[0]
+    try:
+        return storage.view(storage.shape[0], flat_free)
+    except RuntimeError:
+        raise NkiError("NkiTensor.ap needs the tile's free dims contiguous within each partition") from None
 
 
 def _resolve_reshape(shape, numel):
@@ -327,7 +373,7 @@ def wrap_hbm(value: torch.Tensor, name: str = "") -> NkiTensor:
 
 def written_mask(t: NkiTensor) -> torch.Tensor:
     data = t.data
-    return t.alloc.mask.as_strided(data.size(), data.stride(), data.storage_offset())
+    return t.alloc.mask.as_strided(data.size(), data.stride(), data.storage_offset() - t.alloc.storage.storage_offset())
 
 
 def mark_written(t: NkiTensor) -> None:
@@ -337,8 +383,10 @@ def mark_written(t: NkiTensor) -> None:
     if t.data.numel() == alloc.storage.numel():
         alloc.written, alloc.mask = WRITTEN, None
         return
-    if alloc.mask is None:
-        alloc.mask = torch.zeros(alloc.storage.shape, dtype=torch.bool)
+    if alloc.mask is None:  # laid out like the storage (address= tiles are strided views of the buffer)
+        storage = alloc.storage
+        extent = 1 + sum((n - 1) * st for n, st in zip(storage.shape, storage.stride()))
+        alloc.mask = torch.zeros(extent, dtype=torch.bool).as_strided(storage.shape, storage.stride())
     written_mask(t).fill_(True)
     alloc.written = PARTLY_WRITTEN
 

@@ -102,13 +102,22 @@ def test_indirect_views_are_dma_operands_only():
     def kernel(x):
         idx = nl.ndarray((1, 1), nl.int32)
         nisa.memset(idx, 0)
-        tile = nl.ndarray((4, 4), nl.float32)
-        view = tile.ap([[4, 4], [1, 4]], scalar_offset=idx, indirect_dim=1)
-        t = nl.ndarray((4, 4), nl.float32)
-        nisa.tensor_copy(dst=t, src=view)
+        view = x.ap([[4, 4], [1, 4]], scalar_offset=idx, indirect_dim=0)
+        assert view.shape == (4, 4)
+        with pytest.raises(sim.NkiError, match="sliced further"):
+            view[0:2]
+        view.data
 
     with pytest.raises(sim.NkiError, match="dma_copy operand only"):
-        kernel(torch.zeros(4, 4))
+        kernel(torch.zeros(4, 4, dtype=torch.bfloat16))
+
+    @sim.jit
+    def on_chip():
+        idx = nl.ndarray((1, 1), nl.int32)
+        nl.ndarray((4, 4), nl.float32).ap([[4, 4], [1, 4]], scalar_offset=idx)
+
+    with pytest.raises(sim.NkiError, match="not modelled"):
+        on_chip()
 
 
 # ---------------------------------------------------------------------------- scans and fused reductions
