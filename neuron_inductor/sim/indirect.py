@@ -58,6 +58,10 @@ class IndirectView(tensors.NkiTensor):
     def ndim(self) -> int:
         return len(self.sizes)
 
+    def __repr__(self):
+        kind = "vector" if self.vector else "scalar"
+        return f"IndirectView({list(self.sizes)}, {self.dtype!r}, {kind} offset, buffer={self.buffer!r})"
+
     def __getitem__(self, key):
         raise NkiError("an indirect view cannot be sliced further; slice before calling .ap()")
 

@@ -737,7 +737,7 @@ def dma_transpose(dst, src, axes=None, priority=None, dge_mode=dge_mode.unknown,
     if not isinstance(src, IndirectView) and src.alloc is dst.alloc:
         values = values.clone()
     a, b = values.shape[0], values.numel() // values.shape[0]
-    if _same_storage(dst, src):
+    if dst.dtype is src.dtype and dst.data.dtype is values.dtype:
         _write(dst, values, wrap=True)
     else:
         _write(dst, values.to(_F32))

@@ -288,3 +288,102 @@ def test_unmatched_sync_points_are_a_deadlock():
         kernel[2](torch.zeros(1))
     with pytest.raises(sim.NkiError, match="kernel\\[2\\]"):
         kernel(torch.zeros(1))
+
+
+# ---------------------------------------------------------------------------- SBUF data movement
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_stream_shuffle_permutes_partitions_within_quadrants(dtype):
+    x = torch.randn(64, 16).to(dtype)
+    mask = [31 - i for i in range(30)] + [255, 255]
+    out = on_tiles(lambda d, s: (nisa.memset(d, 0.0), nisa.nc_stream_shuffle(dst=d, src=s, shuffle_mask=mask)),
+                   (64, 16), nl_dtype(dtype), x)
+    for q in (0, 32):
+        for i in range(30):
+            assert torch.equal(out[q + i], x[q + 31 - i])
+        assert (out[q + 30:q + 32] == 0).all()
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_local_gather_matches_the_documented_numpy_semantics(dtype):
+    src = torch.randn(128, 64, 4).to(dtype)
+    per_core = torch.randint(0, 64, (16, 4), dtype=torch.int32)
+    index = (per_core.repeat(8, 1) * 4).to(torch.uint16)  # element offsets: index * num_elem_per_idx
+    out = on_tiles(lambda d, s, i: nisa.local_gather(d, s, i, num_elem_per_idx=4, num_valid_indices=40),
+                   (128, 40, 4), nl_dtype(dtype), src, index)
+    flat = per_core.t().reshape(-1)[:40].long()  # partition dim first
+    assert torch.equal(out, src[:, flat, :])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_nc_n_gather_gathers_within_each_partition(dtype):
+    data = torch.randn(32, 6, 8).to(dtype)
+    indices = torch.randint(0, 48, (32, 20), dtype=torch.int32)
+    out = on_tiles(lambda d, x, i: nisa.nc_n_gather(dst=d, data=x, indices=i), (32, 20), nl_dtype(dtype), data,
+                   indices.to(torch.int64).to(torch.uint32))
+    assert torch.equal(out, torch.gather(data.reshape(32, 48), 1, indices.long()))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("op, ref", [(nl.add, lambda x: x.sum(0)), (nl.maximum, lambda x: x.amax(0))])
+def test_tensor_partition_reduce(dtype, op, ref):
+    x = torch.randn(128, 32, 4).to(dtype)
+    out = on_tiles(lambda d, s: nisa.tensor_partition_reduce(dst=d, op=op, data=s), (1, 32, 4), nl_dtype(dtype), x)
+    torch.testing.assert_close(out[0].float(), ref(x.float()).to(dtype).float(), rtol=1e-5 if dtype is torch.float32
+                               else 1e-2, atol=1e-4)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_tensor_copy_predicated_keeps_dst_where_false(dtype):
+    src, old = torch.randn(16, 8).to(dtype), torch.randn(16, 8).to(dtype)
+    predicate = (torch.rand(16, 8) > 0.5).to(torch.uint8)
+
+    def body(dst, s, o, p):
+        nisa.tensor_copy(dst=dst, src=o)
+        nisa.tensor_copy_predicated(dst=dst, src=s, predicate=p)
+
+    assert torch.equal(on_tiles(body, (16, 8), nl_dtype(dtype), src, old, predicate),
+                       torch.where(predicate.bool(), src, old))
+
+    def reverse(dst, o, p):
+        nisa.tensor_copy(dst=dst, src=o)
+        nisa.tensor_copy_predicated(dst=dst, src=2.5, predicate=p, reverse_pred=True)
+
+    expected = torch.where(predicate.bool(), old, torch.tensor(2.5).to(dtype))
+    assert torch.equal(on_tiles(reverse, (16, 8), nl_dtype(dtype), old, predicate), expected)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_dma_transpose_3d_and_4d(dtype):
+    x3, x4 = torch.randn(4, 8, 16).to(dtype), torch.randn(2, 3, 4, 8).to(dtype)
+
+    @sim.jit
+    def kernel(a, b):
+        t3 = nl.ndarray((16, 8, 4), a.dtype)
+        nisa.dma_transpose(dst=t3, src=a)
+        t4 = nl.ndarray((8, 3, 4, 2), b.dtype)
+        nisa.dma_transpose(dst=t4, src=b)
+        outs = nl.ndarray((16, 8, 4), a.dtype, buffer=nl.shared_hbm), nl.ndarray((8, 3, 4, 2), b.dtype, buffer=nl.shared_hbm)
+        nisa.dma_copy(dst=outs[0], src=t3)
+        nisa.dma_copy(dst=outs[1], src=t4)
+        return outs
+
+    out3, out4 = kernel(x3, x4)
+    assert torch.equal(out3, x3.permute(2, 1, 0)) and torch.equal(out4, x4.permute(3, 1, 2, 0))
+
+
+def test_indirect_dma_transpose_gathers_rows_first():
+    src = torch.randn(64, 32).bfloat16()
+    idx = torch.randperm(64)[:32].reshape(32, 1).to(torch.int32)
+
+    @sim.jit
+    def kernel(s, i):
+        index = nl.ndarray((32, 1), nl.int32)
+        nisa.dma_copy(dst=index, src=i)
+        t = nl.ndarray((32, 32), s.dtype)
+        nisa.dma_transpose(dst=t, src=s.ap([[32, 32], [1, 32]], vector_offset=index, indirect_dim=0), axes=(1, 0))
+        out = nl.ndarray((32, 32), s.dtype, buffer=nl.shared_hbm)
+        nisa.dma_copy(dst=out, src=t)
+        return out
+
+    assert torch.equal(kernel(src, idx), src[idx[:, 0].long()].t())
