@@ -58,6 +58,9 @@ class IndirectView(tensors.NkiTensor):
     def ndim(self) -> int:
         return len(self.sizes)
 
+    def is_indirect(self) -> bool:
+        return True
+
     def __repr__(self):
         kind = "vector" if self.vector else "scalar"
         return f"IndirectView({list(self.sizes)}, {self.dtype!r}, {kind} offset, buffer={self.buffer!r})"

@@ -23,6 +23,7 @@ import torch
 
 from . import dtypes, rules
 from .errors import NkiError, NkiIndexError
+from .views import ViewMethods
 
 
 class Buffer:
@@ -106,7 +107,7 @@ def ds(start, size) -> DynSlice:
     return DynSlice(start, size)
 
 
-class NkiTensor:
+class NkiTensor(ViewMethods):
     __slots__ = ("data", "dtype", "buffer", "alloc", "name")
 
     def __init__(self, data: torch.Tensor, dtype: dtypes.NkiDtype, buffer: Buffer, alloc: Allocation, name: str = ""):
