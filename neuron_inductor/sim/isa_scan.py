@@ -94,3 +94,76 @@ def _accumulate(api, p, reduced, name, reduce_op, cmd, reduce_init):
     return acc[:p].clone()
 
 
+
+
+_FP32_MIN = -3.4028234663852886e38
+_COMPARE = frozenset({"equal", "less", "less_equal", "greater", "greater_equal"})
+
+
+def _max_accumulate(api, p, values, reduce_op, cmd, reduce_res):
+    """Max-reduce `values` [P, F] through the accumulators per reduce_cmd and write reduce_res if given."""
+    if getattr(reduce_op, "name", None) not in ("maximum", "max"):
+        rules.fail(api, "reduce_op is nl.maximum", reduce_op, f"reduce_op={reduce_op!r}")
+    if cmd is isa.reduce_cmd.idle:
+        if reduce_res is not None:
+            raise isa.NkiError(f"{api}: reduce_res with reduce_cmd=idle; pass reset_reduce or reduce")
+        return
+    if cmd not in (isa.reduce_cmd.reset_reduce, isa.reduce_cmd.reduce):
+        raise isa.NkiError(f"{api}: reduce_cmd={cmd} is not one of idle, reset_reduce, reduce")
+    acc = _accumulate(api, p, values.amax(1), "maximum", reduce_op, cmd, None)
+    if reduce_res is not None:
+        if rules.operand(api, "reduce_res", reduce_res) != (p, 1) or reduce_res.dtype.kind != "float":
+            rules.fail(api, "reduce_res is a float [P, 1] tile", list(reduce_res.data.shape),
+                       f"reduce_res is {list(reduce_res.data.shape)} {reduce_res.dtype.name}")
+        isa._write(reduce_res, acc.reshape(p, 1))
+
+
+def select_reduce(dst, predicate, on_true, on_false, reduce_res=None, reduce_cmd=isa.reduce_cmd.idle,
+                  reduce_op=None, reverse_pred=False, name=None):
+    """dst = where(predicate, on_true, on_false) (VectorE), optionally max-reduced per partition."""
+    api = "nisa.select_reduce"
+    p, n = isa._check_elementwise(api, dst, ("predicate", predicate), ("on_true", on_true))
+    rules.not_both_psum(api, on_true, predicate)
+    if predicate.dtype.name not in ("int8", "uint8", "int16", "uint16"):
+        rules.fail(api, "predicate is int8 / uint8 / int16 / uint16", predicate.dtype.name,
+                   f"predicate has dtype {predicate.dtype.name}")
+    if on_true.dtype.name in ("tfloat32", "int32", "uint32"):
+        rules.fail(api, "on_true is not tfloat32 / int32 / uint32", on_true.dtype.name, f"on_true is {on_true.dtype.name}")
+    rules.vector_operand(api, "on_false", on_false, p)
+    take = isa._i64(predicate) != 0
+    if reverse_pred:
+        take = ~take
+    values = torch.where(take, isa._f32(on_true), isa._scalar(on_false))
+    isa._write(dst, values)
+    _max_accumulate(api, p, values, isa.OPS["maximum"] if reduce_op is None else reduce_op, reduce_cmd, reduce_res)
+    if isa.ACTIVE:
+        isa.record("vector", "select_reduce", p * n, isa._bytes(dst, predicate, on_true), n, p,
+                   (("dst", dst), ("predicate", predicate), ("on_true", on_true)))
+
+
+def range_select(dst, on_true_tile, comp_op0, comp_op1, bound0, bound1, reduce_cmd=isa.reduce_cmd.reset_reduce,
+                 reduce_res=None, reduce_op=None, range_start=0, on_false_value=_FP32_MIN, name=None):
+    """dst[p, i] = on_true_tile[p, i] where comp_op0(range_start + i, bound0[p]) and comp_op1(.., bound1[p]),
+    else on_false_value (FP32_MIN); the result is max-reduced through the accumulators."""
+    api = "nisa.range_select"
+    target = context.current().target
+    if target.nc_version < 3:
+        rules.fail(api, "range_select needs NeuronCore-v3+", target.name, f"not available on {target.name}")
+    for role, op in (("comp_op0", comp_op0), ("comp_op1", comp_op1)):
+        if getattr(op, "name", None) not in _COMPARE:
+            rules.fail(api, f"{role} is equal / less / less_equal / greater / greater_equal", op, f"{role}={op!r}")
+    p, n = isa._check_elementwise(api, dst, ("on_true_tile", on_true_tile))
+    if on_true_tile.dtype.kind != "float":
+        rules.fail(api, "on_true_tile has a float dtype", on_true_tile.dtype.name, f"on_true_tile is {on_true_tile.dtype.name}")
+    rules.vector_operand(api, "bound0", bound0, p)
+    rules.vector_operand(api, "bound1", bound1, p)
+    if isa.f32_immediate(on_false_value).item() != _FP32_MIN:
+        rules.fail(api, "on_false_value is FP32_MIN (-3.4028235e+38)", on_false_value, f"on_false_value={on_false_value}")
+    index = (float(range_start) + torch.arange(n, dtype=torch.float32))[None, :]
+    keep = (comp_op0.fn(index, isa._f32(bound0)) != 0) & (comp_op1.fn(index, isa._f32(bound1)) != 0)
+    values = torch.where(keep, isa._f32(on_true_tile), isa.f32_immediate(on_false_value))
+    isa._write(dst, values)
+    _max_accumulate(api, p, values, isa.OPS["maximum"] if reduce_op is None else reduce_op, reduce_cmd, reduce_res)
+    if isa.ACTIVE:
+        isa.record("vector", "range_select", p * n, isa._bytes(dst, on_true_tile), n, p,
+                   (("dst", dst), ("on_true_tile", on_true_tile)))

@@ -81,6 +81,22 @@ def ndarray(shape, dtype, buffer=sbuf, name="", address=None) -> NkiTensor:
     return tensors.allocate(shape, dtype, buffer, name, None)
 
 
+def is_hbm(buffer) -> bool:
+    return buffer is shared_hbm or buffer is private_hbm
+
+
+def is_on_chip(buffer) -> bool:
+    return buffer is sbuf or buffer is psum
+
+
+def is_psum(buffer) -> bool:
+    return buffer is psum
+
+
+def is_sbuf(buffer) -> bool:
+    return buffer is sbuf
+
+
 def _shared(outputs, shape, dtype, name) -> NkiTensor:
     """The k-th shared_hbm allocation of every SPMD program is the same tensor."""
     if outputs.cursor < len(outputs.tensors):

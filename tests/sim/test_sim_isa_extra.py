@@ -387,3 +387,77 @@ def test_indirect_dma_transpose_gathers_rows_first():
         return out
 
     assert torch.equal(kernel(src, idx), src[idx[:, 0].long()].t())
+
+
+# ---------------------------------------------------------------------------- selects with max reduction, dma_compute
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_select_reduce_selects_and_keeps_a_running_max(dtype):
+    a, b = torch.randn(32, 40).to(dtype), torch.randn(32, 40).to(dtype)
+    pa, pb = (torch.rand(32, 40) > 0.5).to(torch.uint8), (torch.rand(32, 40) > 0.5).to(torch.uint8)
+
+    def body(dst, x, y, p, q):
+        first = nl.ndarray((32, 40), nl.float32)
+        nisa.select_reduce(dst=first, predicate=p, on_true=x, on_false=-5.0, reduce_cmd=nisa.reduce_cmd.reset_reduce)
+        second = nl.ndarray((32, 40), nl.float32)
+        nisa.select_reduce(dst=second, predicate=q, on_true=y, on_false=-5.0, reduce_res=dst,
+                           reduce_cmd=nisa.reduce_cmd.reduce, reverse_pred=True)
+
+    out = on_tiles(body, (32, 1), nl.float32, a, b, pa, pb)
+    first = torch.where(pa.bool(), a.float(), -5.0)
+    second = torch.where(~pb.bool(), b.float(), -5.0)
+    assert torch.equal(out[:, 0], torch.maximum(first.amax(1), second.amax(1)))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_range_select_masks_by_column_bounds(dtype):
+    x = torch.randn(16, 64).to(dtype)
+    lo, hi = torch.randint(0, 30, (16, 1)).float(), torch.randint(30, 64, (16, 1)).float()
+
+    def body(dst, t, b0, b1):
+        peak = nl.ndarray((16, 1), nl.float32)
+        nisa.range_select(dst=dst, on_true_tile=t, comp_op0=nl.greater_equal, comp_op1=nl.less, bound0=b0, bound1=b1,
+                          reduce_res=peak, range_start=10)
+
+    out = on_tiles(body, (16, 64), nl.float32, x, lo, hi)
+    cols = 10 + torch.arange(64).float()[None, :]
+    fp32_min = torch.tensor(-3.4028234663852886e38)
+    expected = torch.where((cols >= lo) & (cols < hi), x.float(), fp32_min)
+    assert torch.equal(out, expected)
+    with pytest.raises(sim.NkiRuleError, match="FP32_MIN"):
+        on_tiles(lambda d, t, b0, b1: nisa.range_select(d, t, nl.less, nl.less, b0, b1, on_false_value=0.0),
+                 (16, 64), nl.float32, x, lo, hi)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_dma_compute_adds_and_scatter_adds(dtype):
+    a, b = torch.randn(8, 16).to(dtype), torch.randn(8, 16).to(dtype)
+    table = torch.randn(10, 16).to(dtype)
+    rows = torch.tensor([[3], [0], [9], [5]], dtype=torch.int32)
+
+    @sim.jit
+    def kernel(x, y, t, idx_hbm):
+        xs, ys = nl.ndarray((8, 16), x.dtype), nl.ndarray((8, 16), y.dtype)
+        nisa.dma_copy(dst=xs, src=x)
+        nisa.dma_copy(dst=ys, src=y)
+        total = nl.ndarray((8, 16), nl.float32, buffer=nl.shared_hbm)
+        nisa.dma_compute(dst=total, srcs=[xs, ys, x], reduce_op=nl.add)
+        idx = nl.ndarray((4, 1), nl.int32)
+        nisa.dma_copy(dst=idx, src=idx_hbm)
+        target = t.ap([[16, 4], [1, 16]], vector_offset=idx, indirect_dim=0)
+        nisa.dma_compute(dst=target, srcs=[target, xs[0:4, :]], reduce_op=nl.add)  # t[rows] += x[0:4]
+        acc = nl.ndarray((4, 16), nl.float32)
+        nisa.memset(acc, 1.0)
+        nisa.dma_compute(dst=acc, srcs=[acc, t.ap([[16, 4], [1, 16]], vector_offset=idx, indirect_dim=0)],
+                         reduce_op=nl.add)  # acc += t[rows]
+        gathered = nl.ndarray((4, 16), nl.float32, buffer=nl.shared_hbm)
+        nisa.dma_copy(dst=gathered, src=acc)
+        return total, gathered
+
+    updated = table.clone()
+    total, gathered = kernel(a, b, updated, rows)
+    close(total, 2 * a.float() + b.float(), torch.float32)
+    expected = table.clone()
+    expected[rows[:, 0].long()] = (table[rows[:, 0].long()].float() + a[:4].float()).to(dtype)
+    assert torch.equal(updated, expected)
+    close(gathered, 1 + expected[rows[:, 0].long()].float(), torch.float32)
