@@ -1,5 +1,5 @@
 """The NkiTensor view methods of NKI 0.4+: permute, broadcast, expand_dim, squeeze_dim, reshape_dim,
-flatten_dims, slice, select, rearrange and the layout queries. Each returns a new view of the same
+flatten_dims, slice, select, vector_select, rearrange and the layout queries. Each returns a new view of the same
 storage (no copy); on-chip tensors keep dim 0 as the partition dim, so no method may move or
 remove it. Dynamic `select(dim, tile)` is a scalar-indirect view of an HBM tensor (indirect.py)."""
 
@@ -139,6 +139,15 @@ class ViewMethods:
         data = self.data
         pattern = [[data.stride(d), data.shape[d]] for d in range(data.dim()) if d != dim]
         return self.ap(pattern, offset=0, scalar_offset=index, indirect_dim=dim)
+
+    def vector_select(self, dim, vector_offset) -> "ViewMethods":
+        """Row vector_offset[p] of dim 0 for each partition p: shape (P, *shape[1:]) (HBM gathers / scatters)."""
+        if operator.index(dim) != 0 or self.buffer.on_chip:
+            raise NkiError("NkiTensor.vector_select: dim must be 0 and the tensor in HBM")
+        data = self.data
+        rows = vector_offset.data.shape[0]
+        pattern = [[data.stride(0), rows]] + [[data.stride(d), data.shape[d]] for d in range(1, data.dim())]
+        return self.ap(pattern, offset=0, vector_offset=vector_offset, indirect_dim=0)
 
     def rearrange(self, src_pattern, dst_pattern, fixed_sizes=None) -> "ViewMethods":
         """einops-style: split grouped source dims, reorder, merge grouped destination dims."""

@@ -210,3 +210,22 @@ def test_dynamic_select_reads_the_row_an_index_tile_names():
         return out
 
     assert torch.equal(kernel(x, torch.tensor([[3]], dtype=torch.int32)), x[3])
+
+
+def test_vector_select_gathers_one_row_per_partition():
+    x = torch.randn(9, 4, 5)
+    rows = torch.tensor([[8], [0], [3]], dtype=torch.int32)
+
+    @sim.jit
+    def kernel(src, idx_hbm):
+        idx = nl.ndarray((3, 1), nl.int32)
+        nisa.dma_copy(dst=idx, src=idx_hbm)
+        view = src.vector_select(0, idx)
+        assert view.shape == (3, 4, 5)
+        t = nl.ndarray((3, 4, 5), nl.float32)
+        nisa.dma_copy(dst=t, src=view)
+        out = nl.ndarray((3, 4, 5), nl.float32, buffer=nl.shared_hbm)
+        nisa.dma_copy(dst=out, src=t)
+        return out
+
+    assert torch.equal(kernel(x, rows), x[rows[:, 0].long()])
