@@ -202,7 +202,8 @@ class NkiTensor(ViewMethods):
             return indirect.make(owner, flat, sizes, strides, base, new, scalar_offset, vector_offset, indirect_dim)
         last = base + sum((n - 1) * s for s, n in zip(strides, sizes))
         if base < 0 or min(strides, default=0) < 0 or last >= flat.numel():
-            raise NkiIndexError(f"access pattern {pattern} at element {base} leaves the {flat.numel()}-element tensor")
+            return OutOfBoundsView(self, new, sizes, f"access pattern {pattern} at element {base} leaves the "
+                                   f"{flat.numel()}-element tensor")
         view = flat.as_strided(sizes, strides, flat.storage_offset() + base)
         return NkiTensor(view, new, self.buffer, alloc, self.name)
 
@@ -233,7 +234,8 @@ class NkiTensor(ViewMethods):
         in_row = column + sum((n - 1) * s for s, n in zip(strides[1:], sizes[1:]))
         last_row = first_row + (sizes[0] - 1 if sizes else 0)
         if first_row < 0 or min(strides, default=0) < 0 or last_row >= partitions or in_row >= free:
-            raise NkiIndexError(f"access pattern {pattern} at element {base} leaves the [{partitions}, {free}] tile")
+            return OutOfBoundsView(self, new, sizes, f"access pattern {pattern} at element {base} leaves the "
+                                   f"[{partitions}, {free}] tile")
         physical = [rows.stride(0)] + strides[1:] if strides else []
         view = rows.as_strided(sizes, physical, rows.storage_offset() + first_row * rows.stride(0) + column)
         return NkiTensor(view, new, self.buffer, self.alloc, self.name)
@@ -279,6 +281,36 @@ class NkiTensor(ViewMethods):
         storage = self.alloc.storage
         partition_bytes = storage.stride(0) * storage.element_size() if storage.dim() else 1
         return offset * data.element_size() // partition_bytes
+
+
+class OutOfBoundsView(NkiTensor):
+    """An access pattern outside its tensor. Building one is allowed (kernels build patterns they then
+    skip with a bounds test, as the compiler allows); any instruction that reads or writes it raises."""
+
+    __slots__ = ("sizes", "problem")
+
+    def __init__(self, owner, dtype, sizes, problem):
+        self.dtype = dtype
+        self.buffer = owner.buffer
+        self.alloc = owner.alloc
+        self.name = owner.name
+        self.sizes = tuple(sizes)
+        self.problem = problem
+
+    @property
+    def data(self):
+        raise NkiIndexError(self.problem)
+
+    @property
+    def shape(self) -> tuple:
+        return self.sizes
+
+    @property
+    def ndim(self) -> int:
+        return len(self.sizes)
+
+    def __repr__(self):
+        return f"OutOfBoundsView({list(self.sizes)}, {self.dtype!r}: {self.problem})"
 
 
 def _rows(storage):
