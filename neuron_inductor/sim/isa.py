@@ -179,7 +179,12 @@ def _scalar(operand, integer=False):
 def f32_immediate(value) -> torch.Tensor:
     """A Python number as the fp32 immediate the engines see: rounded to nearest, so the
     library's -3.4028235e38 "minus infinity" fill (just past FLT_MAX in float64) becomes -FLT_MAX."""
+    if -_F32_MAX <= value <= _F32_MAX:  # the common case: exactly representable range, one conversion
+        return torch.scalar_tensor(value, dtype=_F32)
     return torch.scalar_tensor(value, dtype=torch.float64).to(_F32)
+
+
+_F32_MAX = 3.4028234663852886e38
 
 
 def _is_int(operand) -> bool:
