@@ -757,4 +757,4 @@ from .isa_search import max8, nc_find_index8, nc_match_replace8, nonzero_with_co
 from .isa_gather import (local_gather, nc_n_gather, nc_stream_shuffle, tensor_copy_predicated,  # noqa: E402,F401
                          tensor_partition_reduce)
 from .isa_dma_compute import dma_compute  # noqa: E402,F401
-from .isa_scan import range_select, select_reduce  # noqa: E402,F401
+from .isa_scan import exponential, range_select, select_reduce, tensor_scalar_cumulative  # noqa: E402,F401

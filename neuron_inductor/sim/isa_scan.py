@@ -1,8 +1,9 @@
-"""nki.isa scans and fused reductions on VectorE: tensor_tensor_scan, tensor_scalar_reduce.
+"""nki.isa scans and fused reductions on VectorE: tensor_tensor_scan, tensor_scalar_reduce,
+select_reduce, range_select, exponential, tensor_scalar_cumulative.
 
-tensor_scalar_reduce accumulates into the Vector engine's reduce accumulators (one fp32 per
+All but tensor_tensor_scan share the Vector engine's reduce accumulators (one fp32 per
 partition, per program), controlled by reduce_cmd: reset_reduce starts from the op's identity,
-reduce continues, load_reduce starts from reduce_init.
+reduce continues, load_reduce starts from reduce_init (imm1 for tensor_scalar_cumulative).
 """
 
 from __future__ import annotations
@@ -167,3 +168,70 @@ def range_select(dst, on_true_tile, comp_op0, comp_op1, bound0, bound1, reduce_c
     if isa.ACTIVE:
         isa.record("vector", "range_select", p * n, isa._bytes(dst, on_true_tile), n, p,
                    (("dst", dst), ("on_true_tile", on_true_tile)))
+
+
+def exponential(dst, src, max_value=0.0, reduce_res=None, reduce_cmd=isa.reduce_cmd.idle, reduce_init=0.0, name=None):
+    """dst = exp(src - max_value) on VectorE (NeuronCore-v4+), summed into the accumulators per reduce_cmd."""
+    api = "nisa.exponential"
+    target = context.current().target
+    if target.nc_version < 4:
+        rules.fail(api, "exponential needs NeuronCore-v4+", target.name, f"not available on {target.name}")
+    p, n = isa._check_elementwise(api, dst, ("src", src))
+    rules.vector_operand(api, "max_value", max_value, p)
+    values = torch.exp(isa._f32(src) - isa._scalar(max_value))
+    isa._write(dst, values)
+    if reduce_cmd is not isa.reduce_cmd.idle:
+        init = None if reduce_cmd is not isa.reduce_cmd.load_reduce else reduce_init
+        if init is None and getattr(reduce_init, "buffer", None) is None and float(reduce_init) != 0.0:
+            raise isa.NkiError(f"{api}: reduce_init is only for reduce_cmd=load_reduce")
+        acc = _accumulate(api, p, values.sum(1), "add", None, reduce_cmd, init)
+        if reduce_res is not None:
+            if rules.operand(api, "reduce_res", reduce_res) != (p, 1):
+                rules.fail(api, "reduce_res is a [P, 1] tile", list(reduce_res.data.shape),
+                           f"reduce_res has shape {list(reduce_res.data.shape)}, expected [{p}, 1]")
+            isa._write(reduce_res, acc.reshape(p, 1))
+    elif reduce_res is not None:
+        raise isa.NkiError(f"{api}: reduce_res with reduce_cmd=idle; pass reset_reduce, reduce or load_reduce")
+    if isa.ACTIVE:
+        isa.record("vector", "exponential", p * n, isa._bytes(dst, src), n, p, (("dst", dst), ("src", src)))
+
+
+_CUMULATIVE = {"add": 0.0, "subtract": 0.0, "multiply": 1.0, "maximum": float("-inf"), "minimum": float("inf")}
+_CUMULATIVE_DTYPES = frozenset({"bfloat16", "float16", "float32", "float8_e4m3", "float8_e4m3fn", "float8_e5m2",
+                                "uint8", "uint16", "int8", "int16"})
+
+
+def tensor_scalar_cumulative(dst, src, op0, op1, imm0, imm1=None, reduce_cmd=isa.reduce_cmd.reset_reduce, name=None):
+    """reg = op1(op0(src[:, i], imm0), reg); dst[:, i] = reg, along the free dims (VectorE accumulators)."""
+    api = "nisa.tensor_scalar_cumulative"
+    rules.alu_op(api, "op0", op0, _ARITH)
+    if getattr(op1, "name", None) not in _CUMULATIVE:
+        rules.fail(api, "op1 is add / subtract / multiply / maximum / minimum", op1, f"op1={op1!r}")
+    p, n = isa._check_elementwise(api, dst, ("src", src))
+    for role, t in (("src", src), ("dst", dst)):
+        if t.dtype.name not in _CUMULATIVE_DTYPES:
+            rules.fail(api, "dtypes bf16 / fp16 / fp32 / fp8 / (u)int8 / (u)int16", t.dtype.name, f"{role} is {t.dtype.name}")
+    rules.vector_operand(api, "imm0", imm0, p)
+    program = context.current()
+    if program.vector_acc is None:
+        program.vector_acc = torch.full((rules.PMAX,), float("nan"))
+    if reduce_cmd is isa.reduce_cmd.reset_reduce:
+        reg = torch.full((p,), _CUMULATIVE[op1.name])
+    elif reduce_cmd is isa.reduce_cmd.load_reduce:
+        if imm1 is None:
+            raise isa.NkiError(f"{api}: reduce_cmd=load_reduce needs imm1")
+        rules.vector_operand(api, "imm1", imm1, p)
+        reg = isa._scalar(imm1).reshape(-1).expand(p).clone()
+    elif reduce_cmd is isa.reduce_cmd.reduce:
+        reg = program.vector_acc[:p].clone()
+    else:
+        raise isa.NkiError(f"{api}: reduce_cmd={reduce_cmd} is not one of reset_reduce, reduce, load_reduce")
+    scaled = op0.fn(isa._f32(src), isa._scalar(imm0))
+    out = torch.empty(p, n)
+    for i in range(n):
+        reg = op1.fn(scaled[:, i], reg)
+        out[:, i] = reg
+    program.vector_acc[:p] = reg
+    isa._write(dst, out)
+    if isa.ACTIVE:
+        isa.record("vector", "tensor_scalar_cumulative", p * n, isa._bytes(dst, src), n, p, (("dst", dst), ("src", src)))

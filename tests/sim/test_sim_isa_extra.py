@@ -461,3 +461,43 @@ def test_dma_compute_adds_and_scatter_adds(dtype):
     expected[rows[:, 0].long()] = (table[rows[:, 0].long()].float() + a[:4].float()).to(dtype)
     assert torch.equal(updated, expected)
     close(gathered, 1 + expected[rows[:, 0].long()].float(), torch.float32)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_exponential_sums_through_the_accumulators_on_trn3(dtype, monkeypatch):
+    monkeypatch.setenv("NEURON_PLATFORM_TARGET_OVERRIDE", "trn3")
+    x = torch.randn(32, 64).to(dtype)
+    peak = x.float().amax(1, keepdim=True)
+
+    def body(dst, s, m):
+        total = nl.ndarray((32, 1), nl.float32)
+        nisa.exponential(dst=dst, src=s, max_value=m, reduce_res=total, reduce_cmd=nisa.reduce_cmd.load_reduce,
+                         reduce_init=1.0)
+        nisa.tensor_copy(dst=dst[:, 0:1], src=total)
+
+    out = on_tiles(body, (32, 64), nl.float32, x, peak)
+    exps = torch.exp(x.float() - peak)
+    torch.testing.assert_close(out[:, 1:], exps[:, 1:])
+    torch.testing.assert_close(out[:, 0], 1 + exps.sum(1))
+
+
+def test_exponential_needs_trn3():
+    with pytest.raises(sim.NkiRuleError, match="NeuronCore-v4"):
+        on_tiles(lambda d, s: nisa.exponential(d, s), (4, 4), nl.float32, torch.zeros(4, 4))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_tensor_scalar_cumulative_is_a_running_reduction(dtype):
+    x = torch.randn(16, 50).to(dtype)
+
+    def body(dst, s):
+        nisa.tensor_scalar_cumulative(dst=dst, src=s, op0=nl.multiply, op1=nl.add, imm0=2.0)
+        second = nl.ndarray((16, 50), nl.float32)  # continue the running max from the accumulators
+        nisa.tensor_scalar_cumulative(dst=second, src=s, op0=nl.add, op1=nl.maximum, imm0=0.0,
+                                      reduce_cmd=nisa.reduce_cmd.reduce)
+        nisa.tensor_tensor(dst=dst, data1=dst, data2=second, op=nl.subtract)
+
+    out = on_tiles(body, (16, 50), nl.float32, x)
+    running = (2 * x.float()).cumsum(1)
+    carried = torch.cummax(torch.cat([running[:, -1:], x.float()], 1), 1).values[:, 1:]
+    torch.testing.assert_close(out, running - carried, rtol=1e-5, atol=1e-4)
