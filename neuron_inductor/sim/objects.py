@@ -4,8 +4,8 @@ Kernels declare configs as `@dataclass class Cfg(nl.NKIObject): ...`, often with
 that have a default but no annotation (`q_sb = None`), and then construct them with those
 attributes as keywords (`Cfg(q_sb=tile)`). A plain dataclass ignores unannotated attributes,
 so NKI's base class makes them fields: when a subclass is created (before @dataclass runs)
-every public, non-callable class attribute without an annotation gets one. Mutable defaults
-become per-instance copies. Subclasses that are not dataclasses keep their own __init__, or
+every public, non-callable class attribute without an annotation gets one. Unhashable
+(mutable) defaults become per-instance copies. Subclasses that are not dataclasses keep their own __init__, or
 this one, which sets its keyword arguments as attributes.
 """
 
@@ -29,7 +29,7 @@ class NKIObject:
             if name.startswith("_") or name in annotations or _is_member(value):
                 continue
             annotations[name] = typing.Any
-            if isinstance(value, (list, dict, set)):
+            if type(value).__hash__ is None:  # list, dict, set, non-frozen dataclasses: @dataclass refuses them
                 setattr(cls, name, dataclasses.field(default_factory=lambda v=value: copy.copy(v)))
 
     def __init__(self, **kwargs):

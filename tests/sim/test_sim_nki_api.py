@@ -79,18 +79,22 @@ class _TileConfig(nl.NKIObject):
     cols: int = 64
 
 
+@dataclass
 class _Buffers(nl.NKIObject):
     staged = None  # attributes without annotations: class-level defaults, filled in later
     result = None
+    history = []  # a mutable default: each instance gets its own copy
+    inner = _TileConfig(rows=1)  # an unhashable (non-frozen dataclass) default
 
 
 def test_nki_objects_hold_kernel_configuration():
     config = _TileConfig(rows=128)
     assert (config.rows, config.cols) == (128, 64)
-    buffers = _Buffers()
-    assert buffers.staged is None
+    buffers = _Buffers(result="out")  # unannotated attributes are constructor keywords
+    assert buffers.staged is None and buffers.result == "out"
     buffers.staged = "tile"
-    assert buffers.staged == "tile" and _Buffers.staged is None
+    buffers.history.append(1)
+    assert buffers.staged == "tile" and _Buffers().history == [] and _Buffers().inner == _TileConfig(rows=1)
     assert nl.NKIObject(a=1).a == 1 and "a=1" in repr(nl.NKIObject(a=1))
 
 
