@@ -38,7 +38,6 @@ class _Group:
         self.blocked = {}          # program index -> sync key it waits on
         self.arrived = {}          # sync key -> {program index: payload}
         self.complete = {}         # sync key -> {program index: payload} once everyone arrived
-        self.participants = {}     # sync key -> frozenset of program indices
         self.finished = set()
         self.error = None
 
@@ -135,10 +134,6 @@ def sync(api, kind, participants, payload):
     counts[kind] = sequence + 1
     key = kind + (tuple(sorted(participants)), sequence)
     with group.cond:
-        expected = group.participants.setdefault(key, participants)
-        if expected != participants:
-            group.error = NkiError(f"{api}: program {index} synchronises {sorted(participants)} where another "
-                                   f"program named {sorted(expected)}")
         arrived = group.arrived.setdefault(key, {})
         arrived[index] = payload
         if set(arrived) == participants:

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from . import cores, isa, rules
+from . import cores as programs
+from . import isa, rules
 
 _GPSIMD_DMA_BYTES = {4: 1024, 2: 512, 1: 256}  # per partition, by element size
 
@@ -13,17 +14,15 @@ def _lnc_target(api):
         rules.fail(api, "needs NeuronCore-v3+ with LNC=2", target.name, f"not available on {target.name}")
 
 
-def core_barrier(data, cores_=None, engine=isa.engine.gpsimd, name=None, **kwargs):
+def core_barrier(data, cores, engine=isa.engine.gpsimd, name=None):
     """Every core in `cores` waits here until all of them arrive (their earlier writes to `data` are then visible)."""
     api = "nisa.core_barrier"
-    participants = kwargs.pop("cores", cores_)
-    if kwargs:
-        raise TypeError(f"{api}: unexpected arguments {sorted(kwargs)}")
+    participants = cores
     _lnc_target(api)
     rules.on_chip(api, "data", data, ("shared_hbm",))
     if tuple(participants) != (0, 1):
         rules.fail(api, "cores=(0, 1)", tuple(participants), f"cores={tuple(participants)}; only (0, 1) is supported")
-    cores.sync(api, ("core_barrier",), participants, None)
+    programs.sync(api, ("core_barrier",), participants, None)
     if isa.ACTIVE:
         isa.record(isa._engine(api, engine) or "gpsimd", "core_barrier", 0, 0, 1, 1, ())
 
@@ -49,7 +48,7 @@ def sendrecv(src, dst, send_to_rank, recv_from_rank, pipe_id, dma_engine=isa.dma
                        f"src has {n * src.dtype.itemsize} B per partition")
     me = isa.context.current().program_id[0]
     # Both directions are one sync point: this core's payload is (what it sends, where it sends it).
-    sent = cores.sync(api, ("sendrecv", pipe_id), {me, send_to_rank, recv_from_rank},
+    sent = programs.sync(api, ("sendrecv", pipe_id), {me, send_to_rank, recv_from_rank},
                       (src.data.clone(), send_to_rank))
     payload, target = sent[recv_from_rank]
     if target != me:
