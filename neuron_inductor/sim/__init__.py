@@ -32,9 +32,13 @@ Environment:
   NEURON_INDUCTOR_SIM_THREADS=N        torch intra-op threads while a kernel runs (default 1:
                                        tile ops are too small to gain; 0 keeps torch's setting)
 
-Modules: dtypes, tensor (NkiTensor, views), memory (capacity), rules (checks), ops (math
-operators), isa (nki.isa), language (nki.language), launch (nki.jit, SPMD), tracing, cost_model,
-targets (hardware constants), shim (as_nki, load_kernels), __main__ (script runner).
+Modules: dtypes, tensor (NkiTensor), views (NkiTensor view methods), indirect (indirect DMA
+views), addressed (address= tiles), memory (capacity), rules (checks), ops (math operators),
+isa (nki.isa; more instructions in isa_scan, isa_search, isa_gather, isa_cores,
+isa_dma_compute), isa_constants, registers (virtual registers, dynamic loops), objects
+(NKIObject), typing_api (nki.typing), language (nki.language), launch (nki.jit), cores (SPMD /
+LNC programs and their sync points), tracing, cost_model, targets (hardware constants), shim
+(as_nki, load_kernels), __main__ (script runner). README "Interpreter fidelity" lists coverage.
 """
 
 from . import isa, language

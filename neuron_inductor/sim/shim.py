@@ -1,7 +1,8 @@
 """Run kernel files written for real NKI: `import nki` resolves to the interpreter inside `as_nki()`.
 
-Inside the block, `nki`, `nki.language` and `nki.isa` in sys.modules are this package's
-modules; on exit every `nki*` entry is put back as it was, so an installed real `nki`
+Inside the block, `nki`, `nki.language`, `nki.isa`, `nki.isa.constants`, `nki.dtype`,
+`nki.typing` and the legacy `neuronxcc.nki.typing` in sys.modules are this package's
+modules; on exit every such entry is put back as it was, so an installed real `nki`
 is never shadowed outside the block (kernels defined inside keep the interpreter's
 modules they imported).
 """
@@ -15,14 +16,27 @@ import re
 import sys
 import types
 
-from . import isa, language, nki_api
+import types
+
+from . import dtypes, isa, isa_constants, language, nki_api, typing_api
 from .launch import Kernel
 
-_FACADE = {"nki": nki_api, "nki.language": language, "nki.isa": isa}
+isa.constants = isa_constants  # `from nki.isa import constants`
+
+# The legacy neuronxcc.nki namespace: some kernels still import its typing module.
+_legacy_nki = types.ModuleType("neuronxcc.nki")
+_legacy_nki.typing = typing_api
+_legacy = types.ModuleType("neuronxcc")
+_legacy.nki = _legacy_nki
+
+_FACADE = {"nki": nki_api, "nki.language": language, "nki.isa": isa, "nki.isa.constants": isa_constants,
+           "nki.dtype": dtypes, "nki.typing": typing_api,
+           "neuronxcc": _legacy, "neuronxcc.nki": _legacy_nki, "neuronxcc.nki.typing": typing_api}
+_ROOTS = ("nki", "neuronxcc")
 
 
 def _nki_entries() -> list[str]:
-    return [name for name in sys.modules if name == "nki" or name.startswith("nki.")]
+    return [name for name in sys.modules if name in _ROOTS or name.startswith(("nki.", "neuronxcc."))]
 
 
 @contextlib.contextmanager
