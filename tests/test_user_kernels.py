@@ -185,20 +185,7 @@ def test_bad_wrap_nki_uses_name_the_fix():
 
 
 def test_kernels_from_load_kernels_and_inline_definitions_compile(tmp_path):
-    source = '''
-import nki
-import nki.isa as nisa
-import nki.language as nl
-
-@nki.jit
-def negate(x):
-    out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
-    t = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.sbuf)
-    nisa.dma_copy(dst=t, src=x)
-    nisa.tensor_scalar(dst=t, data=t, op0=nl.multiply, operand0=-1.0)
-    nisa.dma_copy(dst=out, src=t)
-    return out
-'''
+    source = NEGATE_KERNEL  # defined below, also written to a file there
     negate = sim.load_kernels(source, "<user negate kernels>")["negate"]
     with sim.as_nki():
         import nki
@@ -342,7 +329,7 @@ def jit(func=None, **options):
     return _Kernel(func) if func is not None else _Kernel
 '''
 
-REAL_NKI_KERNEL = '''
+NEGATE_KERNEL = '''
 import nki
 import nki.isa as nisa
 import nki.language as nl
@@ -368,7 +355,7 @@ def test_a_kernel_written_for_the_real_nki_is_rebuilt_for_the_interpreter(tmp_pa
     (tmp_path / "nki" / "__init__.py").write_text(STAND_IN_NKI)
     (tmp_path / "nki" / "language.py").write_text("")
     (tmp_path / "nki" / "isa.py").write_text("")
-    (tmp_path / "uk_real_nki_kernel.py").write_text(REAL_NKI_KERNEL)
+    (tmp_path / "uk_real_nki_kernel.py").write_text(NEGATE_KERNEL)
     saved = {name: sys.modules.pop(name) for name in list(sys.modules) if name == "nki" or name.startswith("nki.")}
     sys.path.insert(0, str(tmp_path))
     try:
