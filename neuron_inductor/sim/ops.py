@@ -167,3 +167,5 @@ OPS = {op.name: op for op in [
 
 # ALU ops legal in tensor_tensor / tensor_scalar / scalar_tensor_tensor.
 ALU_KINDS = frozenset({"arith", "compare", "logical", "bitvec"})
+# The "Arithmetic Unary" ALU operators of tensor_scalar (nki.api.shared.rst, tbl-aluop).
+ALU_UNARY = frozenset({"abs", "square", "relu", "rsqrt", "reciprocal"})

@@ -167,7 +167,7 @@ def test_dtype_rules():
     rule_error(lambda: nisa.tensor_scalar(sb((128, 4)), sb((128, 4)), nl.add, sb((128, 1), nl.bfloat16)),
                "nisa.tensor_scalar", "operand0 vector is float32", "bfloat16")
     rule_error(lambda: nl.ndarray((128, 4), torch.int64),
-               "nl.ndarray", "no 64-bit dtypes on chip", "int64")
+               "nl.ndarray", "no 64-bit dtypes", "int64")
     rule_error(lambda: nisa.dma_transpose(sb((64, 128)), sb((128, 64))), "nisa.dma_transpose", "2-byte", "float32")
     rule_error(lambda: nisa.nc_transpose(ps((64, 128), nl.float32), sb((128, 64), nl.bfloat16)),
                "nisa.nc_transpose", "same dtype", ("float32", "bfloat16"))
