@@ -19,6 +19,7 @@ import torch
 import torch.fx as fx
 
 from . import sim
+from .codegen.kernel_args import kernel_dtype, kernel_shape
 from .codegen.render import render_kernel, template_hash, unnamed
 from .codegen.wrapper import render_wrapper
 from .lowering.graph import LoweredGraph, lower_graph, op_name
@@ -102,11 +103,10 @@ class KernelRuleViolation(RuntimeError):
         self.error = error
 
 
-def _check_input(node: fx.Node, narrowed: set[fx.Node]) -> torch.Tensor:
-    """A zero tensor shaped like a kernel argument will be at run time."""
+def _check_input(node: fx.Node) -> torch.Tensor:
+    """A zero tensor shaped like a kernel argument will be at run time (kernel_args)."""
     val = node.meta["val"]
-    dtype = torch.int32 if node in narrowed else val.dtype
-    return torch.zeros([int(s) for s in val.shape], dtype=dtype)
+    return torch.zeros(kernel_shape(val.shape), dtype=kernel_dtype(val.dtype))
 
 
 def check_kernels(kernels: dict[str, Callable], sources: dict[str, str], lowered: LoweredGraph,
@@ -119,12 +119,11 @@ def check_kernels(kernels: dict[str, Callable], sources: dict[str, str], lowered
     give each kernel's cost estimate for `target`, returned by kernel name. Raises
     `KernelRuleViolation` naming the first kernel that breaks a rule.
     """
-    narrowed = lowered.int32_values()
     estimates: dict[str, dict] = {}
     checked: dict[tuple, dict] = {}  # a model's repeated layers repeat kernels: each is run once
     for index, spec in enumerate(lowered.kernels):
         progress.kernel_step("check", index, len(lowered.kernels), spec.name)
-        args = [_check_input(node, narrowed) for node in spec.inputs]
+        args = [_check_input(node) for node in spec.inputs]
         same = (unnamed(sources[spec.name], spec.name), tuple((tuple(a.shape), a.dtype) for a in args))
         if same in checked:
             estimates[spec.name] = checked[same]

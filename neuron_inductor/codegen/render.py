@@ -27,6 +27,7 @@ import torch
 import torch.fx as fx
 
 from ..lowering.ir import KernelSpec
+from .kernel_args import kernel_shape
 
 NL_DTYPES = {
     torch.float32: "nl.float32", torch.bfloat16: "nl.bfloat16", torch.float16: "nl.float16",
@@ -76,6 +77,12 @@ class TensorArg:
         graph value produced by a kernel is an int32 tensor (the host wrapper widens it where it
         leaves the kernels); a bool value is nl.bool_ in HBM (uint8 tiles on chip)."""
         return "nl.bool_" if self.torch_dtype == torch.bool else self.dtype
+
+    @property
+    def hbm_shape(self) -> tuple[int, ...]:
+        """The shape to allocate a kernel output with in HBM: HBM tensors are at least 1-D, so a
+        0-d value is a shape-[1] tensor (the host wrapper views it as 0-d)."""
+        return kernel_shape(self.shape)
 
     @property
     def itemsize(self) -> int:

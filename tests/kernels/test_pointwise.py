@@ -21,7 +21,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 import neuron_inductor.sim as sim
 from neuron_inductor.lowering import pointwise
 
-from .harness import aten_graph, as_tuple, load_kernel, widen_int64
+from .harness import aten_graph, as_tuple, call_kernel, load_kernel, widen_int64
 
 FP32 = dict(rtol=1e-5, atol=1e-6)
 FP32_COMPOSED = dict(rtol=1e-4, atol=1e-5)
@@ -44,8 +44,8 @@ def run_kernel(fn, *args):
     kernel = load_kernel(spec)
     values = dict(zip([n for n in graph.graph.nodes if n.op == "placeholder"], args))
     with sim.trace() as trace:
-        result = kernel(*[values[n] for n in spec.inputs])
-    return as_tuple(result), trace
+        result = call_kernel(kernel, spec, [values[n] for n in spec.inputs])
+    return result, trace
 
 
 @pytest.fixture(autouse=True)
