@@ -1,8 +1,9 @@
 """Compile one static ATen graph: lower -> render kernels and wrapper -> toolchain build.
 
 `compile_static_graph` produces a `CompiledArtifact` (plain text and JSON-able metadata, so the
-disk cache can store it); `compile_and_build` adds the toolchain build and, with the interpreter, runs
-every kernel once on zeros to check the hardware rules before real data reaches it (a kernel that
+disk cache can store it); `compile_and_build` adds the toolchain build and, whichever toolchain runs the
+kernels, runs every kernel once in the interpreter on zeros to check the hardware rules before real
+data reaches it (a kernel that
 breaks one is reported by name and rule; where fallback is allowed the graph is lowered again with
 that kernel's ops on the host). `Program` loads an artifact into something callable.
 """
@@ -27,6 +28,7 @@ from .lowering.ir import KernelSpec
 from .observe import progress
 from .observe.accounting import node_flops
 from .toolchain import Toolchain
+from .toolchain.simulator import SimulatorToolchain
 
 log = logging.getLogger("neuron_inductor")
 
@@ -54,7 +56,13 @@ def _describe_kernel(spec: KernelSpec) -> dict[str, Any]:
         "inputs": [shape(n) for n in spec.inputs],
         "outputs": [shape(o) for o in spec.outputs],
         "ops": sorted({op_name(o) for o in spec.outputs if isinstance(o, fx.Node)}),
+        "written_arguments": spec.written_arguments,
     }
+
+
+def written_arguments(artifact: CompiledArtifact) -> dict[str, list[int]]:
+    """Per kernel, the positions of the arguments it writes into."""
+    return {k["name"]: k.get("written_arguments", []) for k in artifact.meta.get("kernels", [])}
 
 
 def _kernel_nodes(spec: KernelSpec) -> set[fx.Node]:
@@ -103,10 +111,12 @@ class KernelRuleViolation(RuntimeError):
         self.error = error
 
 
-def _check_input(node: fx.Node) -> torch.Tensor:
-    """A zero tensor shaped like a kernel argument will be at run time (kernel_args)."""
-    val = node.meta["val"]
-    return torch.zeros(kernel_shape(val.shape), dtype=kernel_dtype(val.dtype))
+def _check_arguments(spec: KernelSpec) -> list[torch.Tensor]:
+    """Zero tensors shaped like the kernel's arguments will be at run time (kernel_args), the output
+    buffer of a kernel without inputs included."""
+    values = list(spec.inputs) + ([spec.outputs[0]] if spec.output_argument else [])
+    vals = [v.meta["val"] if isinstance(v, fx.Node) else v for v in values]
+    return [torch.zeros(kernel_shape(val.shape), dtype=kernel_dtype(val.dtype)) for val in vals]
 
 
 def check_kernels(kernels: dict[str, Callable], sources: dict[str, str], lowered: LoweredGraph,
@@ -123,7 +133,7 @@ def check_kernels(kernels: dict[str, Callable], sources: dict[str, str], lowered
     checked: dict[tuple, dict] = {}  # a model's repeated layers repeat kernels: each is run once
     for index, spec in enumerate(lowered.kernels):
         progress.kernel_step("check", index, len(lowered.kernels), spec.name)
-        args = [_check_input(node) for node in spec.inputs]
+        args = _check_arguments(spec)
         same = (unnamed(sources[spec.name], spec.name), tuple((tuple(a.shape), a.dtype) for a in args))
         if same in checked:
             estimates[spec.name] = checked[same]
@@ -146,7 +156,7 @@ def check_kernels(kernels: dict[str, Callable], sources: dict[str, str], lowered
 
 def compile_and_build(gm: fx.GraphModule, fallback_mode: str, toolchain: Toolchain,
                       target: str) -> tuple[CompiledArtifact, LoweredGraph, dict[str, Callable]]:
-    """Compile a static graph and build its kernels; with the interpreter, check them first.
+    """Compile a static graph and build its kernels; check them in the interpreter first.
 
     A kernel that breaks a hardware rule is reported by name and rule; where fallback is allowed the
     graph is lowered again with that kernel's ops on the host (and checked again), so no user data
@@ -156,13 +166,13 @@ def compile_and_build(gm: fx.GraphModule, fallback_mode: str, toolchain: Toolcha
     while True:
         artifact, lowered = compile_static_graph(gm, fallback_mode, force)
         start = time.perf_counter()
-        kernels = toolchain.build(artifact.kernel_sources)
+        kernels = toolchain.build(artifact.kernel_sources, written_arguments(artifact))
         artifact.meta["timings"]["compile"] = time.perf_counter() - start
-        if toolchain.name != "simulator":  # the Neuron compiler checked the rules while building
-            return artifact, lowered, kernels
         start = time.perf_counter()
+        # The interpreter checks the rules before first use whichever toolchain runs the kernels.
+        checked = kernels if toolchain.name == "simulator" else SimulatorToolchain().build(artifact.kernel_sources)
         try:
-            artifact.meta["estimates"] = check_kernels(kernels, artifact.kernel_sources, lowered, target)
+            artifact.meta["estimates"] = check_kernels(checked, artifact.kernel_sources, lowered, target)
         except KernelRuleViolation as violation:
             if fallback_mode == "error":
                 raise
@@ -185,7 +195,7 @@ class Program:
                  kernels: dict[str, Callable] | None = None) -> None:
         self.artifact = artifact
         if kernels is None:
-            kernels = toolchain.build(artifact.kernel_sources)
+            kernels = toolchain.build(artifact.kernel_sources, written_arguments(artifact))
         # Kernels by attribute name: the wrapper calls `kernels.<name>(...)` (observers may wrap them).
         self.kernels = SimpleNamespace(**kernels)
         namespace: dict[str, Any] = {}

@@ -202,6 +202,10 @@ def _render(family: str, kernel_name: str, inputs: list[TensorArg], outputs: lis
         tree = ast.parse(source, filename=f"{kernel_name}.py")
     except SyntaxError as exc:
         raise TemplateError(f"template {family}.py.j2 rendered invalid Python for {kernel_name}: {exc}") from exc
+    jitted = [node for node in tree.body if isinstance(node, ast.FunctionDef) and node.name == _NAME]
+    if jitted and not jitted[0].args.args:
+        raise TemplateError(f"template {family}.py.j2 rendered {kernel_name} without arguments: nki.jit detects "
+                            f"the framework from the kernel's tensor arguments, so every kernel takes one")
     bare = sorted({node.id for node in ast.walk(tree) if isinstance(node, ast.Name) and node.id in _NON_FINITE_NAMES})
     if bare:
         raise TemplateError(f"template {family}.py.j2 wrote a non-finite float as the bare name(s) {bare} for "

@@ -14,6 +14,7 @@ import torch.fx as fx
 
 from ..lowering.graph import LoweredGraph
 from ..lowering.ir import HostStep, KernelStep
+from .kernel_args import kernel_dtype, kernel_shape
 from .render import environment, literal
 
 
@@ -101,8 +102,17 @@ def render_wrapper(gm: fx.GraphModule, lowered: LoweredGraph, name: str = "run")
                     write_backs.append(f"{names[node]}.copy_({copy}.reshape({names[node]}.shape))")
                     argument = copy
                 arguments.append(argument)
-            call = f"kernels.{spec.name}({', '.join(arguments)})"
             returned = [out for pos, out in enumerate(spec.outputs) if pos not in spec.inplace]
+            if spec.output_argument:  # the kernel writes its first output into a buffer the host allocates
+                out = returned.pop(0)
+                val = out.meta["val"] if isinstance(out, fx.Node) else out
+                buffer = value_name(out) if isinstance(out, fx.Node) else f"{spec.name}_out"
+                lines.append(f"{buffer} = torch.empty({list(kernel_shape(val.shape))}, "
+                             f"dtype={kernel_dtype(val.dtype)})  # allocation: the kernel's output argument")
+                arguments.append(buffer)
+                if val.dim() == 0:
+                    write_backs.append(f"{buffer} = {buffer}.reshape(())  # kernels return 0-d values as shape [1]")
+            call = f"kernels.{spec.name}({', '.join(arguments)})"
             for pos, inp in spec.inplace.items():
                 names[spec.outputs[pos]] = names[spec.inputs[inp]]
             targets = [value_name(o) if isinstance(o, fx.Node) else "_" for o in returned]
