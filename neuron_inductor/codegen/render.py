@@ -34,7 +34,7 @@ NL_DTYPES = {
     torch.float8_e4m3fn: "nl.float8_e4m3", torch.float8_e5m2: "nl.float8_e5m2",
     torch.int8: "nl.int8", torch.int16: "nl.int16", torch.int32: "nl.int32", torch.uint8: "nl.uint8",
     torch.bool: "nl.uint8",
-    # NKI has no 64-bit types on chip: int64 HBM tensors are moved through int32 tiles.
+    # NKI has no 64-bit types: the host narrows int64 values to int32 before any kernel call (kernel_args).
     torch.int64: "nl.int32",
 }
 

@@ -21,8 +21,10 @@ Interpreter choices where the docs are silent:
 - activation with reduce_res and reduce_cmd=idle reads the ScalarE reduce registers
   unchanged (the documented semantics); reading registers no instruction has set raises.
 - tensor_copy(dtype=...) (a §8 habit) rounds through `dtype` before casting to dst.
-- dma_copy between integer dtypes converts exactly with saturation (int64 HBM ids ->
-  int32 tiles); other dtype changes go through fp32.
+- dma_copy between integer dtypes converts exactly with saturation; other dtype changes go
+  through fp32.
+- tensor_scalar computes arithmetic operators in fp32 even on integer tiles (its docstring);
+  tensor_tensor on int32 operands runs on GpSimd in exact integer arithmetic.
 """
 
 from __future__ import annotations
