@@ -55,6 +55,9 @@ def logical_nc_config() -> int:
 
 
 def neuron_device() -> torch.device:
+    """torch.device('neuron'), which TorchNeuron (torch-neuronx) registers when imported."""
+    if importlib.util.find_spec("torch_neuronx") is not None:
+        import torch_neuronx  # noqa: F401
     try:
         return torch.device("neuron")
     except RuntimeError as exc:
