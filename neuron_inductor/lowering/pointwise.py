@@ -771,30 +771,42 @@ def _arange(b, a):
     return b.ts(index, "multiply", step, "add", start)
 
 
-# Extra argument checks: None = any arguments are fine.
-def _accepts(node: fx.Node, a: dict) -> bool:
+# Memory formats a copy may ask for. Kernels write contiguous tensors and every reader (kernel,
+# host view, fallback) goes through the strides the value really has (graph.py tracks them), so a
+# copy into channels_last is the same values in another layout: a layout no-op for our kernels.
+_STRIDED_MEMORY_FORMATS = (None, torch.preserve_format, torch.contiguous_format, torch.channels_last,
+                           torch.channels_last_3d)
+
+
+def _argument_refusal(node: fx.Node, a: dict) -> str | None:
+    """Why the kernels do not take these arguments of the op (None: they do)."""
     target = node.target
-    if target is aten._to_copy.default:
-        layout = a.get("layout")
-        return layout in (None, torch.strided) and a.get("memory_format") in (
-            None, torch.preserve_format, torch.contiguous_format)
-    if target is aten.clone.default:
-        return a.get("memory_format") in (None, torch.preserve_format, torch.contiguous_format)
+    if target in (aten._to_copy.default, aten.clone.default):
+        if a.get("layout") not in (None, torch.strided):
+            return f"layout {a['layout']} (only strided tensors live in HBM)"
+        if a.get("memory_format") not in _STRIDED_MEMORY_FORMATS:
+            return f"memory_format {a['memory_format']}"
+        return None
     if target in (aten.arange.start_step, aten.arange.start, aten.arange.default):
-        return all(isinstance(a.get(k, 0), (int, float)) for k in ("start", "end", "step"))
+        if not all(isinstance(a.get(k, 0), (int, float)) for k in ("start", "end", "step")):
+            return "start / end / step known only at run time"
+        return None
     if target in (aten.bitwise_and.Tensor, aten.bitwise_or.Tensor, aten.bitwise_xor.Tensor,
                   aten.bitwise_not.default):
-        return node.meta["val"].dtype == torch.bool
+        return None if node.meta["val"].dtype == torch.bool else "bitwise ops on integers (only on bool)"
     if target is aten.pow.Scalar:
-        return isinstance(a["self"], (int, float)) and a["self"] > 0
+        return None if isinstance(a["self"], (int, float)) and a["self"] > 0 else "a base that is not a positive number"
     if target is aten.pow.Tensor_Scalar:
-        return isinstance(a["exponent"], (int, float))
+        return None if isinstance(a["exponent"], (int, float)) else "an exponent that is not a real number"
     if target is aten.round.decimals:
         # negative decimals divide before rounding: reciprocal + multiply could move ties
-        return node.meta["val"].dtype.is_floating_point and a["decimals"] >= 0
+        if not node.meta["val"].dtype.is_floating_point or a["decimals"] < 0:
+            return "negative decimals or an integer input"
+        return None
     if target is aten.elu.default:
-        return all(isinstance(a[k], (int, float)) for k in ("alpha", "scale", "input_scale"))
-    return True
+        if not all(isinstance(a[k], (int, float)) for k in ("alpha", "scale", "input_scale")):
+            return "alpha / scale / input_scale that are not real numbers"
+    return None
 
 
 def _node_args(node: fx.Node) -> dict:
@@ -806,20 +818,27 @@ def _node_args(node: fx.Node) -> dict:
 
 # ---------------------------------------------------------------------------- public API
 
+def refusal(node: fx.Node) -> str | None:
+    """Why this family does not compute `node` (None: it does): not an elementwise op, a dtype with no
+    on-chip type (float64, complex), or arguments the kernels do not take."""
+    if node.op != "call_function" or node.target not in HANDLERS:
+        return "not an elementwise op"
+    values = [node.meta.get("val")] + [arg.meta.get("val") for arg in node.all_input_nodes]
+    if not isinstance(values[0], torch.Tensor):
+        return "its result is not a tensor"
+    unsupported = sorted({str(v.dtype).removeprefix("torch.") for v in values
+                          if isinstance(v, torch.Tensor) and v.dtype not in SUPPORTED_DTYPES})
+    if unsupported:
+        return f"dtype {', '.join(unsupported)} has no on-chip type"
+    if any(isinstance(v, complex) for v in (*node.args, *node.kwargs.values())):
+        return "a complex scalar argument"
+    refused = _argument_refusal(node, bind_arguments(node))
+    return None if refused is None else f"the pointwise kernels do not take {refused}"
+
+
 def is_pointwise(node: fx.Node) -> bool:
     """True if `node` is an elementwise op this family computes (op supported for these args/dtypes)."""
-    if node.op != "call_function" or node.target not in HANDLERS:
-        return False
-    val = node.meta.get("val")
-    if not isinstance(val, torch.Tensor) or val.dtype not in SUPPORTED_DTYPES:
-        return False
-    for arg in node.all_input_nodes:
-        arg_val = arg.meta.get("val")
-        if isinstance(arg_val, torch.Tensor) and arg_val.dtype not in SUPPORTED_DTYPES:
-            return False
-    if any(isinstance(v, complex) for v in (*node.args, *node.kwargs.values())):
-        return False
-    return _accepts(node, bind_arguments(node))
+    return refusal(node) is None
 
 
 def build_program(nodes: list[fx.Node], outputs: list[fx.Node]) -> PointwiseProgram:

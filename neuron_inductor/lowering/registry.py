@@ -32,6 +32,7 @@ LOWERING_MODULES = [
     "neuron_inductor.lowering.copy",
     "neuron_inductor.lowering.convolution",
     "neuron_inductor.lowering.pooling",
+    "neuron_inductor.nki_ops.lowering",  # users' nki_op custom ops (each op adds its own entry when defined)
 ]
 
 # Metadata-only ops: run on the host as torch views (no data moves; kernels read through strides).
@@ -55,6 +56,18 @@ SIZE_OPS = {
     aten.sym_size.int, aten.sym_stride.int, aten.sym_numel.default, aten.sym_storage_offset.default,
     aten._assert_scalar.default, aten.sym_constrain_range.default,
     aten.sym_constrain_range_for_size.default,
+}
+
+# Functional collectives (torch.distributed._functional_collectives; DTensor and FSDP2 trace to them):
+# communication steps of the program, run by the host through the op's process group (gloo on CPU,
+# the device's collective backend on a Neuron host). Each returns a new tensor; `wait_tensor` marks
+# where its result is needed (a no-op for a collective that already completed).
+_c10d = torch.ops._c10d_functional
+COLLECTIVES = {
+    _c10d.all_reduce.default, _c10d.all_reduce_coalesced.default, _c10d.all_gather_into_tensor.default,
+    _c10d.all_gather_into_tensor_coalesced.default, _c10d.reduce_scatter_tensor.default,
+    _c10d.reduce_scatter_tensor_coalesced.default, _c10d.all_to_all_single.default, _c10d.broadcast.default,
+    _c10d.wait_tensor.default,
 }
 
 # Wrappers the partitioner puts around a random op of a checkpointed region -> position of the

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Callable, Protocol
+from typing import Any, Callable, Protocol
 
 log = logging.getLogger("neuron_inductor")
 
@@ -23,6 +23,9 @@ class Toolchain(Protocol):
     def build(self, sources: dict[str, str], written: dict[str, list[int]] | None = None) -> dict[str, Callable]:
         """Compile each kernel's standalone source; returns the kernels by name. `written`: per kernel,
         the positions of the arguments it writes into (a toolchain that copies arguments copies those back)."""
+
+    def adopt(self, kernel: Any) -> Callable:
+        """A user's `@nki.jit` kernel (made by this toolchain's nki or the other's) as this toolchain runs it."""
 
 
 def neuron_device_present() -> bool:

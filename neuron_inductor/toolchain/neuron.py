@@ -20,7 +20,7 @@ import hashlib
 import importlib.util
 import linecache
 import os
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 
@@ -99,6 +99,7 @@ class NeuronToolchain:
         self.nki = nki_module
         self.device = device if device is not None else neuron_device()
         self.lnc = logical_nc_config()
+        self._adopted: dict[Callable, Callable] = {}
 
     def build(self, sources: dict[str, str], written: dict[str, list[int]] | None = None) -> dict[str, Callable]:
         kernels: dict[str, Callable] = {}
@@ -113,3 +114,16 @@ class NeuronToolchain:
             launch = kernel[self.lnc] if self.lnc != 1 else kernel
             kernels[name] = DeviceKernel(launch, self.device, list((written or {}).get(name, [])))
         return kernels
+
+    def adopt(self, kernel: Any) -> Callable:
+        """The real nki.jit kernel: the kernel itself when the real nki.jit made it, else rebuilt from its
+        file's source with the real nki importable."""
+        from ..nki_ops.sources import rebuild, uses_real_nki
+
+        func = kernel.func
+        if uses_real_nki(func):
+            return kernel
+        rebuilt = self._adopted.get(func)
+        if rebuilt is None:
+            rebuilt = self._adopted[func] = rebuild(func, {"__name__": f"neuron_inductor_user_kernel_{func.__name__}"})
+        return rebuilt
