@@ -3,6 +3,9 @@
     python bench/pad_sweep.py                       # every op_db entry; writes pad_sweep.md
     python bench/pad_sweep.py --op cat --op roll    # some entries (OpInfo full names)
     python bench/pad_sweep.py --limit 50 --json r.json
+    python bench/pad_sweep.py --tables-from r.json  # the tables of an earlier run (writes pad_sweep.md)
+    python bench/pad_sweep.py --recheck r.json --json r2.json  # re-run only the ops of r.json that did
+                                                    # not pass padded in every mode (after a fix)
 
 For each OpInfo of torch's `op_db`, the first fp32 sample whose input (its first tensor) has a dim
 of size >= 2 becomes a function of that dim's length (bench/opinfo.py's `Case`). The sample is
@@ -46,6 +49,7 @@ import json
 import logging
 import math
 import re
+import subprocess
 import sys
 import tempfile
 import time
@@ -393,17 +397,42 @@ def skip_table(records: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def markdown(records: list[dict], seconds: float) -> str:
+def markdown(run: dict) -> str:
+    """The report of a run: {"records", "seconds", "commit"} and, for a re-check, "rechecked" (the ops
+    re-run at "commit") and "base_commit" (where every other record comes from)."""
+    records = run["records"]
     definitions = __doc__.split("\n\n", 2)[2].strip()
+    origin = f"commit {run['commit']}, {run['seconds'] / 60:.0f} min"
+    if run.get("rechecked"):
+        origin = (f"the {len(run['rechecked'])} ops that did not pass padded in every mode at commit "
+                  f"{run['base_commit']} re-checked at {origin}; the other records are from {run['base_commit']}")
     return "\n\n".join([
         "# Differential bucketing sweep (bench/pad_sweep.py)",
-        f"{len(records)} OpInfos of torch {torch.__version__}'s op_db, {seconds / 60:.0f} min.",
+        f"{len(records)} OpInfos of torch {torch.__version__}'s op_db ({origin}).",
         definitions,
         "## Summary", summary_table(records), padded_share(records),
         "## Mismatches, crashes, timeouts", failures_table(records),
         "## Exact-shape runs by op (pad-safety refusals)", unpadded_table(records),
         "## Skips", skip_table(records),
     ]) + "\n"
+
+
+def clean(row: dict) -> bool:
+    """Passed in every mode with every later call padded (nothing to re-check after a fix)."""
+    return "modes" in row and all(o["status"] == "pass" and o["where"] == "padded" for o in row["modes"].values())
+
+
+def commit() -> str:
+    """The checked-out commit of this repo (with "+changes" when the tree differs from it)."""
+    repo = Path(__file__).resolve().parents[1]
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=repo, capture_output=True, text=True,
+                              check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=repo,
+                               capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return head + ("+changes" if dirty else "")
 
 
 def sweep(names: list[str], workers: int, timeout: float, log_dir: Path) -> list[dict]:
@@ -419,28 +448,44 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--timeout", type=float, default=TIMEOUT_SECONDS, help="seconds per op")
     parser.add_argument("--json", type=Path, help="also write every record to this JSON file")
+    parser.add_argument("--tables-from", type=Path, help="print and write the tables of an earlier --json run")
+    parser.add_argument("--recheck", type=Path, help="re-run the ops of an earlier --json run that did not pass "
+                                                     "padded in every mode; the report merges both runs")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
         opinfo.worker_main(check_op, log_level=logging.WARNING)
         return
+    if args.tables_from:
+        TABLE_FILE.write_text(markdown(json.loads(args.tables_from.read_text())))
+        print(TABLE_FILE.read_text())
+        return
     known = list(opinfo.op_by_name())
     unknown = sorted(set(args.op or ()) - set(known))
     if unknown:
         parser.error(f"not in op_db: {', '.join(unknown)} (use OpInfo full names, e.g. div.floor_rounding)")
-    names = (args.op or known)[:args.limit]
+    base = json.loads(args.recheck.read_text()) if args.recheck else None
+    if base is not None:
+        names = [r["op"] for r in base["records"] if "skip" not in r["row"] and not clean(r["row"])]
+    else:
+        names = (args.op or known)[:args.limit]
     log_dir = Path(tempfile.mkdtemp(prefix="pad_sweep_"))
     print(f"worker logs and compile cache: {log_dir}", flush=True)
     start = time.perf_counter()
     records = sweep(names, args.workers, args.timeout, log_dir)
-    seconds = time.perf_counter() - start
-    for table in (summary_table(records), padded_share(records), failures_table(records), unpadded_table(records)):
+    run = {"records": records, "seconds": time.perf_counter() - start, "commit": commit()}
+    print(f"{len(records)} ops in {run['seconds'] / 60:.1f} min")
+    if base is not None:
+        rechecked = {r["op"]: r for r in records}
+        run = {**run, "records": [rechecked.get(r["op"], r) for r in base["records"]], "rechecked": names,
+               "base_commit": base["commit"]}
+    for table in (summary_table(run["records"]), padded_share(run["records"]), failures_table(run["records"]),
+                  unpadded_table(run["records"])):
         print(table + "\n")
-    print(f"{len(records)} ops in {seconds / 60:.1f} min")
     if args.json:
-        args.json.write_text(json.dumps(records, indent=1))
-    if args.op is None and args.limit is None:
-        TABLE_FILE.write_text(markdown(records, seconds))
+        args.json.write_text(json.dumps(run, indent=1))
+    if base is not None or (args.op is None and args.limit is None):
+        TABLE_FILE.write_text(markdown(run))
 
 
 if __name__ == "__main__":

@@ -23,7 +23,7 @@ PADDING_OPS = (
     "cat", "stack", "split", "chunk", "unbind", "narrow", "slice_scatter", "index_put", "scatter",
     "constant_pad_nd", "roll", "flip", "repeat", "cumsum", "sort", "topk", "softmax", "mean", "var", "matmul",
 )
-FAST_OPS = ("cat", "narrow", "cumsum", "softmax", "flip")
+FAST_OPS = ("cat", "narrow", "softmax", "flip")
 
 # OpInfo full name -> the pad-safety bug that makes it differ from eager (issue 13).
 PAD_BUGS = {
