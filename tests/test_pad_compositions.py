@@ -212,6 +212,9 @@ NARROW_END_OUTPUT_BUG = ("issue 13: x.narrow(1, n - 3, 3) returned as a graph ou
 LAST_QUERY_SDPA_BUG = ("issue 13: attention whose query is the last row of a padded dim (q = t[:, None, -1:], a decode "
                        "step) crashes in pad_safety's attention rule: AttributeError: 'NoneType' object has no "
                        "attribute 'dtype' (tensor_val(query) of a rewritten node)")
+COMPUTED_POSITIONS_BUG = ("issue 13: index_select at positions computed from the padded size (arange(n - 1, -1, -1)) "
+                          "takes the padded rows first (arange over a symbolic size counts the bucket, and "
+                          "aten.index_select is in pad_safety.ROW_LOCAL)")
 NARROW_END_REDUCE_BUG = ("issue 13: a reduction over x.narrow(1, n - 3, 3) (or x[:, -3:]) crashes in "
                          "pad_safety.mask_for: AttributeError: 'NoneType' object has no attribute 'dim'")
 
@@ -219,12 +222,15 @@ NARROW_END_REDUCE_BUG = ("issue 13: a reduction over x.narrow(1, n - 3, 3) (or x
 # it is fixed (then the entry goes); KNOWN_BAD_PROGRAMS keeps strict xfails for each bug.
 KNOWN_BAD_STEPS = {"cat(x, a)": CAT_BUG, "cat(b, x, a)": CAT_BUG, "cat(x, y)": CAT_BUG,
                    "x[:, [0, -1]]": NEGATIVE_INDEX_BUG, "narrow(x, 1, n-3, 3)": NARROW_END_REDUCE_BUG,
-                   "sdpa last query": LAST_QUERY_SDPA_BUG}
+                   "sdpa last query": LAST_QUERY_SDPA_BUG,
+                   "index_select(x, reversed positions)": COMPUTED_POSITIONS_BUG}
 KNOWN_BAD_PROGRAMS = {
     ("cat(x, a)", "identity"): CAT_BUG, ("cat(b, x, a)", "sum(-1)"): CAT_BUG, ("cat(x, y)", "identity"): CAT_BUG,
     ("x[:, [0, -1]]", "identity"): NEGATIVE_INDEX_BUG, ("x[:, [0, -1]]", "amax(1)"): NEGATIVE_INDEX_BUG,
     ("narrow(x, 1, n-3, 3)", "identity"): NARROW_END_OUTPUT_BUG,
     ("narrow(x, 1, n-3, 3)", "sum(1)"): NARROW_END_REDUCE_BUG,
+    ("index_select(x, reversed positions)", "identity"): COMPUTED_POSITIONS_BUG,
+    ("index_select(x, reversed positions)", "mean(1)"): COMPUTED_POSITIONS_BUG,
     ("x", "sdpa last query"): LAST_QUERY_SDPA_BUG, ("gather(x, index)", "sdpa last query"): LAST_QUERY_SDPA_BUG,
 }
 
