@@ -10,10 +10,9 @@ The tiny LlamaForCausalLM is random-initialised; --train_steps (default 40) eage
 examples/data/tiny_corpus.txt first give the greedy continuation some of the corpus' words.
 
 The KV-cache update is an input mutation of the cache buffers (`index_copy_` at the cache position along
-the sequence dim). In the compiled step it is an `index_put` over dim 2, which neuron_inductor runs on the
-host (a documented fallback: its indexing family scatters along dim 0 only), then an in-place `copy_`
-back into the cache buffer, which runs in a copy kernel. The cache's 0-d per-layer position counter is
-also written with a host `copy_` (0-d data movement). The summary at the end lists every host fallback.
+the sequence dim). In the compiled step it is an `index_put` over dim 2, which runs in a gather_scatter
+kernel, then an in-place `copy_` back into the cache buffer, which runs in a copy kernel. The summary at
+the end lists every host fallback (none are expected: the whole decoding step runs in NKI kernels).
 """
 
 from __future__ import annotations

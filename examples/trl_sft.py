@@ -7,10 +7,10 @@ offline on CPU: a tiny random-initialised LlamaForCausalLM on the lines of examp
 
 Every `SFTConfig` flag works. Two of SFTConfig's own defaults are changed here:
 - `--bf16 false`: fp32 training, so the loss curve can be compared with eager at a tight tolerance;
-- `--activation_checkpointing false` (SFTConfig's `gradient_checkpointing=True`): a checkpointed SDPA
-  reaches the backend wrapped in `run_and_save_rng_state` / `run_with_rng_state`, whose saved RNG state
-  neuron_inductor does not carry to the backward intact yet (known issue; pass
-  `--activation_checkpointing true` to see it).
+- `--activation_checkpointing false` (SFTConfig's `gradient_checkpointing=True`): checkpointing works and
+  matches eager (`--activation_checkpointing true`, tested in tests/test_trl.py), but a checkpointed SDPA
+  reaches the backend wrapped in `run_and_save_rng_state` / `run_with_rng_state`, which run on the host
+  (no kernel for them yet), so the default here keeps the whole backbone in NKI kernels.
 
 Shapes: the Trainer compiles with `dynamic=False` for this backend, so every new padded length is a new
 Dynamo graph. `--pad_to_multiple_of 128` (with `--max_length 128`) gives every batch one shape and one

@@ -15,3 +15,6 @@ def report():
     from .observe import report as process_report
 
     return process_report()
+
+
+from .nki_ops import nki_op, wrap_nki  # noqa: E402  (users' own NKI kernels as custom ops)

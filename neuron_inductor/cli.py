@@ -41,8 +41,9 @@ def _options_epilog() -> str:
 def _open_cache(args: argparse.Namespace) -> Any:
     from .cache import get_cache
 
-    folder = args.cache_dir or config.resolve().cache_dir
-    cache = get_cache(folder)
+    options = config.resolve()
+    folder = args.cache_dir or options.cache_dir
+    cache = get_cache(folder, options.cache_secret)
     if cache.folder is None:
         raise CliError(f"the cache folder {folder or 'default'} cannot be used; pass --cache-dir or set "
                        "NEURON_INDUCTOR_CACHE_DIR to a writable folder")
@@ -54,6 +55,22 @@ def _describe_parts(parts: dict[str, Any] | None) -> str:
         return "(unreadable header)"
     bucket = ",".join(f"{name}={value}" for name, value in parts.get("bucket", []))
     return f"{parts.get('kind', '?'):<9} graph {parts.get('graph', '?')}  {parts.get('mode', '?')} {bucket}".rstrip()
+
+
+def _trust_mode(cache: Any) -> str:
+    if cache.authenticated:
+        return "authenticated: entries load only with a valid HMAC under NEURON_INDUCTOR_CACHE_SECRET"
+    if cache.refusal:
+        return f"NOT TRUSTED: {cache.refusal}; no entry is loaded from it"
+    return "private: entries load only when only you (or root) can have written them"
+
+
+def _trust_of(cache: Any, entry: dict[str, Any]) -> tuple[str, str]:
+    """(trust, reason) of an entry: private / authenticated (loadable), refused, corrupt, memory."""
+    if entry["parts"] is None:
+        return "corrupt", "unreadable header"
+    found = cache.check(entry["key"], entry["parts"])
+    return ("memory", "") if found is None else (found.trust, found.reason)
 
 
 def _cache_list(args: argparse.Namespace) -> int:
@@ -68,7 +85,11 @@ def _cache_list(args: argparse.Namespace) -> int:
     print(f"{len(rows)} entr{'y' if len(rows) == 1 else 'ies'}, {total / 1024:.1f} KiB in {cache.folder}")
     for mtime, size, entry in rows:
         when = time.strftime("%Y-%m-%d %H:%M", time.localtime(mtime)) if mtime else "-"
-        print(f"  {entry['key']}  {when}  {size / 1024:7.1f} KiB  {_describe_parts(entry['parts'])}")
+        trust, reason = _trust_of(cache, entry)
+        print(f"  {entry['key']}  {when}  {size / 1024:7.1f} KiB  {trust:<13}  {_describe_parts(entry['parts'])}")
+        if reason:
+            print(f"      {trust}: {reason}")
+    print(f"folder trust: {_trust_mode(cache)}")
     return 0
 
 
@@ -84,13 +105,22 @@ def _find_entry(cache: Any, prefix: str) -> dict[str, Any]:
 
 
 def _cache_show(args: argparse.Namespace) -> int:
+    from .cache import EntryCheck
     from .observe.cache_events import ordered_parts
 
     cache = _open_cache(args)
     entry = _find_entry(cache, args.key)
-    artifact = cache.load(entry["key"])
-    if artifact is None:
-        raise CliError(f"cache entry {entry['key']} could not be read (corrupt entries are discarded on load)")
+    found = cache.check(entry["key"], entry["parts"]) if entry["parts"] is not None else None
+    if found is None and entry["key"] in cache.memory:
+        found = EntryCheck(cache.memory[entry["key"]][1], "memory")
+    if found is None or found.artifact is None:
+        reason = f"{found.trust}: {found.reason}" if found else "unreadable header"
+        raise CliError(f"cache entry {entry['key']} could not be read ({reason}); corrupt entries are discarded "
+                       "on load")
+    artifact = found.artifact
+    if found.trust == "refused":
+        print(f"note: entry {entry['key']} is refused for trust ({found.reason}): shown for inspection, its code "
+              "is never run", file=sys.stderr)
     if args.wrapper:
         print(artifact.wrapper_source, end="")
         return 0
@@ -102,6 +132,7 @@ def _cache_show(args: argparse.Namespace) -> int:
         return 0
     meta = artifact.meta
     print(f"key {entry['key']} ({cache.path(entry['key'])})")
+    print(f"trust: {found.trust}{f' ({found.reason}): its code is never run' if found.reason else ''}")
     print("key parts:")
     for name in ordered_parts(entry["parts"]):
         print(f"  {name:<16} {json.dumps(entry['parts'][name])}")
@@ -130,6 +161,9 @@ def _cache_explain(args: argparse.Namespace) -> int:
     from .observe.cache_events import read_misses
 
     cache = _open_cache(args)
+    if cache.refusal:
+        print(f"every entry in {cache.folder} is refused for trust: {cache.refusal} (the fix: keep the folder "
+              "writable only by you, or set NEURON_INDUCTOR_CACHE_SECRET)")
     misses = read_misses(cache.folder)[-args.last:]
     if not misses:
         print(f"no cache misses recorded in {cache.folder} (processes that compile with this cache folder "
@@ -190,8 +224,9 @@ def build_parser() -> argparse.ArgumentParser:
                                          "~/.cache/neuron_inductor).")
     cache.add_argument("--cache-dir", metavar="DIR", help="the cache folder (default: $NEURON_INDUCTOR_CACHE_DIR)")
     actions = cache.add_subparsers(dest="action", metavar="{list,show,clear,explain}", required=True)
-    actions.add_parser("list", help="every entry: key, age, size, graph kind, bucket").set_defaults(handler=_cache_list)
-    show = actions.add_parser("show", help="one entry's key parts, kernels and fallbacks")
+    actions.add_parser("list", help="every entry: key, age, size, trust, graph kind, bucket").set_defaults(
+        handler=_cache_list)
+    show = actions.add_parser("show", help="one entry's trust, key parts, kernels and fallbacks")
     show.add_argument("key", metavar="KEY", help="the entry's key, or a unique prefix of it")
     printed = show.add_mutually_exclusive_group()
     printed.add_argument("--kernel", metavar="NAME", help="print this kernel's NKI source")
@@ -199,7 +234,7 @@ def build_parser() -> argparse.ArgumentParser:
     show.set_defaults(handler=_cache_show)
     actions.add_parser("clear", help="remove every entry").set_defaults(handler=_cache_clear)
     explain = actions.add_parser("explain", help="for the last misses: the first key part that differs from "
-                                                 "the nearest entry")
+                                                 "the nearest entry, or why the entry was refused for trust")
     explain.add_argument("--last", type=_positive_int, default=10, metavar="N", help="how many misses (default 10)")
     explain.set_defaults(handler=_cache_explain)
 

@@ -23,6 +23,7 @@ from .codegen.render import render_kernel, template_hash, unnamed
 from .codegen.wrapper import render_wrapper
 from .lowering.graph import LoweredGraph, lower_graph, op_name
 from .lowering.ir import KernelSpec
+from .nki_ops import lowering as user_kernels
 from .observe import progress
 from .observe.accounting import node_flops
 from .toolchain import Toolchain
@@ -45,10 +46,11 @@ def _describe_kernel(spec: KernelSpec) -> dict[str, Any]:
         val = value.meta["val"] if isinstance(value, fx.Node) else value
         return [int(s) for s in val.shape]
 
+    user = spec.family == user_kernels.FAMILY
     return {
         "name": spec.name,
         "family": spec.family,
-        "template_hash": template_hash(spec.family),
+        "template_hash": None if user else template_hash(spec.family),
         "flops": int(spec.flops),
         "inputs": [shape(n) for n in spec.inputs],
         "outputs": [shape(o) for o in spec.outputs],
@@ -82,7 +84,7 @@ def compile_static_graph(gm: fx.GraphModule, fallback_mode: str,
     for index, spec in enumerate(lowered.kernels):
         spec.name = f"k{index}_{spec.family}"
         progress.kernel_step("render", index, len(lowered.kernels), spec.name)  # a terminal line (observe/)
-        sources[spec.name] = render_kernel(spec)
+        sources[spec.name] = user_kernels.source(spec) if spec.family == user_kernels.FAMILY else render_kernel(spec)
     wrapper_source, constants = render_wrapper(gm, lowered)
     timings["render"] = time.perf_counter() - start
 
@@ -91,6 +93,8 @@ def compile_static_graph(gm: fx.GraphModule, fallback_mode: str,
         "fallbacks": [{"op": op_name(s.node), "reason": s.reason, "flops": node_flops(s.node)} for s in lowered.fallbacks],
         "views": sum(1 for s in lowered.steps if getattr(s, "kind", None) == "view"),
         "timings": timings,
+        # nki_op kernels: built from the registered op, not from their source (see nki_ops/lowering.py)
+        "user_kernels": {spec.name: spec.params for spec in lowered.kernels if spec.family == user_kernels.FAMILY},
     }
     return CompiledArtifact(sources, wrapper_source, constants, meta), lowered
 
@@ -145,6 +149,15 @@ def check_kernels(kernels: dict[str, Callable], sources: dict[str, str], lowered
     return estimates
 
 
+def build_kernels(toolchain: Toolchain, artifact: CompiledArtifact) -> dict[str, Callable]:
+    """The artifact's kernels as `toolchain` builds them: generated ones from their source, nki_op ones
+    as steps running the user's kernels (built by the same toolchain)."""
+    users = artifact.meta.get("user_kernels", {})
+    kernels = toolchain.build({name: s for name, s in artifact.kernel_sources.items() if name not in users})
+    kernels.update(user_kernels.build_steps(users, toolchain))
+    return kernels
+
+
 def compile_and_build(gm: fx.GraphModule, fallback_mode: str, toolchain: Toolchain,
                       target: str) -> tuple[CompiledArtifact, LoweredGraph, dict[str, Callable]]:
     """Compile a static graph and build its kernels; with the interpreter, check them first.
@@ -157,7 +170,7 @@ def compile_and_build(gm: fx.GraphModule, fallback_mode: str, toolchain: Toolcha
     while True:
         artifact, lowered = compile_static_graph(gm, fallback_mode, force)
         start = time.perf_counter()
-        kernels = toolchain.build(artifact.kernel_sources)
+        kernels = build_kernels(toolchain, artifact)
         artifact.meta["timings"]["compile"] = time.perf_counter() - start
         if toolchain.name != "simulator":  # the Neuron compiler checked the rules while building
             return artifact, lowered, kernels
@@ -186,7 +199,7 @@ class Program:
                  kernels: dict[str, Callable] | None = None) -> None:
         self.artifact = artifact
         if kernels is None:
-            kernels = toolchain.build(artifact.kernel_sources)
+            kernels = build_kernels(toolchain, artifact)
         # Kernels by attribute name: the wrapper calls `kernels.<name>(...)` (observers may wrap them).
         self.kernels = SimpleNamespace(**kernels)
         namespace: dict[str, Any] = {}

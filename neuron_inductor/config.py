@@ -4,7 +4,8 @@ Every option has one declaration below: its type, default, environment variable 
 Values come, lowest priority first, from the declared default, the environment, `patch()`,
 and the `options=` dict passed to `torch.compile`. An unknown option or a bad value raises a
 `ConfigError` that says what is accepted. `NeuronConfig.cache_hash()` keys compiled graphs, so
-only options that change generated code take part in it.
+only options that change generated code take part in it. A secret option (`cache_secret`) is left
+out of the repr and shown as "<set>" by `as_dict()` (what dumps record), so it reaches no file or log.
 """
 
 from __future__ import annotations
@@ -50,6 +51,10 @@ def _optional_path(name: str, value: Any) -> str | None:
     return os.path.expanduser(str(value))
 
 
+def _optional_secret(name: str, value: Any) -> str | None:
+    return None if value is None or str(value) == "" else str(value)
+
+
 def _verify_mode(name: str, value: Any) -> str:
     """NEURON_INDUCTOR_VERIFY accepts 1 as a synonym for 'warn' and 0 for 'off'."""
     text = str(value).strip().lower()
@@ -67,8 +72,10 @@ def _bucket_policy(name: str, value: Any) -> str:
         raise ConfigError(f"option {name}={value!r}: {exc}") from None
 
 
-def _option(default: Any, env: str | None, parse: Callable[[str, Any], Any], doc: str, *, codegen: bool) -> Any:
-    return field(default=default, metadata={"env": env, "parse": parse, "doc": doc, "codegen": codegen})
+def _option(default: Any, env: str | None, parse: Callable[[str, Any], Any], doc: str, *, codegen: bool,
+            secret: bool = False) -> Any:
+    return field(default=default, repr=not secret,
+                 metadata={"env": env, "parse": parse, "doc": doc, "codegen": codegen, "secret": secret})
 
 
 @dataclass(frozen=True)
@@ -95,6 +102,11 @@ class NeuronConfig:
     cache_dir: str | None = _option(
         None, "NEURON_INDUCTOR_CACHE_DIR", _optional_path,
         "Disk cache of compiled graphs (default: ~/.cache/neuron_inductor).", codegen=False)
+    cache_secret: str | None = _option(
+        None, "NEURON_INDUCTOR_CACHE_SECRET", _optional_secret,
+        "Key of an authenticated cache: every disk entry carries an HMAC-SHA256 under it, and an entry "
+        "without a valid one is rebuilt, never run. Needed to share a cache folder that others can write "
+        "(ranks, pods, users); never part of cache keys, dumps or logs.", codegen=False, secret=True)
     dump_dir: str | None = _option(
         None, "NEURON_INDUCTOR_DUMP_DIR", _optional_path,
         "Write, per compiled graph and bucket, the graphs, every kernel's NKI source, the host wrapper, "
@@ -121,7 +133,12 @@ class NeuronConfig:
         return hashlib.sha256(json.dumps(relevant, sort_keys=True).encode()).hexdigest()[:16]
 
     def as_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """Every option; a secret one as "<set>" or None."""
+        values = dataclasses.asdict(self)
+        for f in dataclasses.fields(self):
+            if f.metadata["secret"] and values[f.name] is not None:
+                values[f.name] = "<set>"
+        return values
 
 
 _FIELDS = {f.name: f for f in dataclasses.fields(NeuronConfig)}

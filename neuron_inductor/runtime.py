@@ -29,7 +29,7 @@ from typing import Any
 import torch
 import torch.fx as fx
 
-from . import bucketing, generalize, observe
+from . import bucketing, generalize, nki_ops, observe
 from .bucketing import Bucket, BucketPolicy, evaluate, shape_exprs, size_expr
 from .cache import base_key_parts, get_cache
 from .compiler import CompiledArtifact, Program, compile_and_build
@@ -46,6 +46,7 @@ COMPILED_PROGRAMS: list[dict[str, Any]] = []
 def graph_structure_hash(gm: fx.GraphModule, example_inputs: list) -> str:
     """Hash of the graph's code and its inputs' dtypes and (possibly symbolic) shapes."""
     digest = hashlib.sha256(gm.code.encode())
+    digest.update(nki_ops.kernels_hash(gm).encode())  # users' kernels: their source, not only their op's name
     for value in example_inputs:
         if isinstance(value, torch.Tensor):
             digest.update(f"{value.dtype}{tuple(map(str, value.shape))}".encode())
@@ -165,12 +166,19 @@ class GraphRunner:
     def graph_for(self, plan: CallPlan) -> fx.GraphModule:
         return self.pad_safety.graph()[0] if plan.mode == "padded" else self.gm
 
+    def padded_sizes(self, plan: CallPlan) -> dict:
+        """The symbol values that padded tensors crossing this call carry: its bucket's, or, for an
+        exact-shape call, the bucket a padded forward saved its activations at."""
+        if plan.mode == "exact":
+            return bucketing.choose_bucket(self.policy, self.symbols, plan.bucket.real).padded
+        return plan.bucket.padded
+
     def inputs_for(self, plan: CallPlan, args: list) -> list:
         if plan.bucket is None:
             return args
         real, padded = plan.bucket.real, plan.bucket.padded
         # An unpadded backward still gets the activations of a forward that ran padded at its bucket.
-        saved_at = bucketing.choose_bucket(self.policy, self.symbols, real).padded if plan.mode == "exact" else None
+        saved_at = self.padded_sizes(plan) if plan.mode == "exact" else None
         inputs = []
         for spec, arg in zip(self.input_specs, args):
             if isinstance(spec, tuple) and isinstance(arg, torch.Tensor):
@@ -240,7 +248,7 @@ class GraphRunner:
         program = self.programs.get(plan.signature)
         if program is not None:
             return program
-        cache = get_cache(self.config.cache_dir)
+        cache = get_cache(self.config.cache_dir, self.config.cache_secret)
         artifact, program, source = cache.get_or_compile(
             self.key_parts(plan), plan.label, lambda: (lambda p: (p.artifact, p))(self._compile(plan, inputs)))
         if program is None:

@@ -99,7 +99,7 @@ _WORKER = textwrap.dedent("""
     from neuron_inductor.cache import CompileCache
     from neuron_inductor.compiler import CompiledArtifact
     from pathlib import Path
-    store = CompileCache(Path({folder!r}))
+    store = CompileCache(Path({folder!r}), secret={secret!r})
     def compile_fn(key):
         def build():
             with open({log!r}, "a") as log:
@@ -113,16 +113,24 @@ _WORKER = textwrap.dedent("""
 """)
 
 
-def test_four_processes_compile_each_key_once(tmp_path):
-    log = tmp_path / "compiles.log"
-    script = _WORKER.format(root=str(Path(__file__).resolve().parents[1]), folder=str(tmp_path / "cache"),
-                            log=str(log))
-    workers = [subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True) for _ in range(4)]
-    results = [w.communicate(timeout=120)[0].split() for w in workers]
-    assert all(w.returncode == 0 for w in workers)
+def assert_processes_compile_each_key_once(folder: Path, log: Path, secret: str | None = None) -> str:
+    """4 processes compile keys a, b, c into `folder` at once: each key compiles once, every other lookup is a
+    disk hit. Returns the processes' stderr."""
+    script = _WORKER.format(root=str(Path(__file__).resolve().parents[1]), folder=str(folder), log=str(log),
+                            secret=secret)
+    workers = [subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True) for _ in range(4)]
+    outputs = [w.communicate(timeout=120) for w in workers]
+    assert all(w.returncode == 0 for w in workers), [err for _, err in outputs]
+    results = [out.split() for out, _ in outputs]
     assert sorted(log.read_text().split()) == ["a", "b", "c"]
     assert sum(int(compiles) for compiles, _ in results) == 3
     assert sum(int(hits) for _, hits in results) == 9
+    return "".join(err for _, err in outputs)
+
+
+def test_four_processes_compile_each_key_once(tmp_path):
+    assert_processes_compile_each_key_once(tmp_path / "cache", tmp_path / "compiles.log")
 
 
 def test_backend_second_process_compiles_nothing(host_only, tmp_path):

@@ -208,7 +208,8 @@ def test_full_cache_folder_keeps_compiling_and_leaves_no_partial_files(tmp_path)
     cache_dir = tmp_path / "cache"
     cache_dir.mkdir()
     # 4 KiB: folders, lock files and the writability probe fit (they hold no data), entries do not.
-    report, _ = _run_child(cache_dir, _private_mount_prefix(f"mount -t tmpfs -o size=4k tmpfs {cache_dir}"))
+    # mode=0700: a tmpfs root is 1777 by default, a folder others can write, whose entries are refused.
+    report, _ = _run_child(cache_dir, _private_mount_prefix(f"mount -t tmpfs -o size=4k,mode=0700 tmpfs {cache_dir}"))
     stats = report["stats"]
     assert report["max_error"] < 1e-4
     assert stats["compiles"] > 0 and stats["disk_errors"] == stats["compiles"], stats

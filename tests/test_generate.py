@@ -41,3 +41,20 @@ def test_generate_example_after_warm_up(fresh_compile_state, capsys):
     out = capsys.readouterr().out
     assert status == 0, out
     assert "compiled tokens == eager greedy tokens (24 new tokens x 3 sequences)" in out
+
+
+def test_default_dynamic_cache_greedy_tokens_match_eager(fresh_compile_state):
+    """`torch.compile(model, backend="neuron")` then `generate()` with Hugging Face's default
+    DynamicCache: every decoding step appends to the cache with `cat` along the growing (padded)
+    length, which must give eager's tokens (it did not before the cat rewrite: other tokens from the
+    4th on)."""
+    tokenizer = generate.byte_tokenizer()
+    model = generate.tiny_llama(tokenizer, num_hidden_layers=1).eval()
+    encoded = generate.encode_prompts(tokenizer, ["A compiler is", "The accelerator"])
+    with torch.no_grad():
+        eager = model.generate(**encoded, do_sample=False, max_new_tokens=10, disable_compile=True)
+        model.forward = torch.compile(model.forward, backend="neuron")
+        compiled = model.generate(**encoded, do_sample=False, max_new_tokens=10, disable_compile=True)
+    assert torch.equal(compiled, eager), (compiled, eager)
+    summary = compile_summary()
+    assert summary["kernels"] > 0 and not summary["fallbacks"], summary["fallbacks"]

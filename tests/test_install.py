@@ -47,3 +47,4 @@ def test_fresh_venv_install_and_entry_point(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     assert "fresh-venv OK" in result.stdout
     assert str(venv) in result.stdout  # the installed copy ran, not the source tree
+    assert "NumPy" not in result.stderr, "the base install must bring everything torch imports"

@@ -54,6 +54,11 @@ def _seq(batch=2, dim=3, grad=False):
     return lambda n, g: [_rand(batch, n, dim, generator=g, grad=grad)]
 
 
+def _with_static(count):
+    """A [2, n, 3] tensor with a dynamic length and `count` more static [2, 1, 3] inputs, one tensor."""
+    return lambda n, g: [_rand(2, n, 3, generator=g, grad=True), _rand(2, count, 3, generator=g, grad=True)]
+
+
 def _ids(n, g, vocab=11):
     return torch.randint(0, vocab, (2, n), generator=g)
 
@@ -115,6 +120,38 @@ CASES = {
     "slice_from_end": Case(lambda x: x[:, -2:] + 1, _seq(), [(0, 1)]),
     "narrow_at_real_end": Case(lambda x: x.narrow(1, x.shape[1] - 2, 2) * 3, _seq(), [(0, 1)]),
     "size_used_as_number": Case(lambda x: x * x.shape[1], _seq(), [(0, 1)]),
+    # Ops that place data by position along a padded dim: rewritten to exact positions, or unpadded.
+    "cat_padded_part_first": Case(lambda x, y: torch.cat([x, y], 1) * 2, _with_static(1), [(0, 1)]),
+    "cat_padded_part_between": Case(lambda x, y: torch.cat([y, x, y * 3], 1).softmax(1), _with_static(2), [(0, 1)]),
+    "cat_padded_part_last": Case(lambda x, y: torch.cat([y, x], 1).softmax(1), _with_static(1), [(0, 1)]),
+    "cat_two_padded_parts": Case(lambda x: (torch.cat([x, x[:, 1:] * 2], 1).softmax(1), torch.cat([x, -x], 1)),
+                                 _seq(grad=True), [(0, 1)]),
+    "cat_along_an_unpadded_dim": Case(lambda x, z: torch.cat([x, z], 2).softmax(1),
+                                      lambda n, g: [_rand(2, n, 3, generator=g, grad=True),
+                                                    _rand(2, n, 4, generator=g, grad=True)], [(0, 1), (1, 1)]),
+    "stack": Case(lambda x: (torch.stack([x, x * 2], 1).sum(2), torch.stack([x, -x], -1)), _seq(), [(0, 1)]),
+    "kv_cache_append_then_attention": Case(
+        lambda q, pk, pv, k, v: F.scaled_dot_product_attention(q, torch.cat([pk, k], 2), torch.cat([pv, v], 2)),
+        lambda n, g: [_rand(1, 2, 1, 8, generator=g), _rand(1, 2, n, 8, generator=g), _rand(1, 2, n, 8, generator=g),
+                      _rand(1, 2, 1, 8, generator=g), _rand(1, 2, 1, 8, generator=g)], [(1, 2), (2, 2)]),
+    "split_and_unbind_along_unpadded_dims": Case(lambda x: sum(p.sum(2) for p in x.split([1, 2], 2)) * x.unbind(2)[1],
+                                                 _seq(grad=True), [(0, 1)]),
+    "chunk_along_the_padded_dim_runs_unpadded": Case(lambda x: x.chunk(2, 1)[1] * 2, _seq(), [(0, 1)], mode="exact"),
+    "slice_backward_writes_the_base": Case(lambda x: ((x[:, :-1] * 3).softmax(1), x[:, 1:] * 2), _seq(grad=True),
+                                           [(0, 1)]),
+    "negative_indices_count_from_the_real_end": Case(
+        lambda x, idx: x[:, idx] * 2, lambda n, g: [_rand(2, n, 3, generator=g), torch.tensor([-1, 0, -2])], [(0, 1)]),
+    "index_put_accumulate_along_the_padded_dim": Case(
+        lambda x, idx, v: x.index_put((idx,), v, accumulate=True),
+        lambda n, g: [_rand(n, 3, generator=g), torch.tensor([0, -1, 0]), _rand(3, 3, generator=g)], [(0, 0)]),
+    "repeat_of_an_unpadded_dim": Case(lambda x: x.repeat(2, 1, 3), _seq(), [(0, 1)]),
+    "roll_runs_unpadded": Case(lambda x: x.roll(1, 1), _seq(), [(0, 1)], mode="exact"),
+    "flip_runs_unpadded": Case(lambda x: x.flip(1) * 2, _seq(), [(0, 1)], mode="exact"),
+    "merged_batch_major_output": Case(lambda x: x.reshape(-1, 3) * 2, _seq(), [(0, 1)]),
+    "merged_length_major_output_runs_unpadded": Case(lambda x: x.transpose(0, 1).reshape(-1, 3) * 2, _seq(),
+                                                     [(0, 1)], mode="exact"),
+    "as_strided_runs_unpadded": Case(lambda x: x.as_strided((2, 2), (1, 1)) * 2,
+                                     lambda n, g: [_rand(n, generator=g)], [(0, 0)], mode="exact"),
 }
 
 
@@ -143,27 +180,45 @@ def _check_lengths(case: Case, compiled, lengths: list[int]) -> list[str]:
 @pytest.mark.parametrize("name", sorted(CASES))
 @SETTINGS
 @given(lengths=LENGTHS)
-def test_bucketed_equals_unpadded_eager(name, lengths, host_only, tmp_path_factory):
+def test_bucketed_equals_unpadded_eager(name, lengths, host_only, tmp_path_factory, caplog):
+    _check_case(name, lengths, tmp_path_factory, caplog, "random")
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_below_at_and_just_above_a_bucket_boundary(name, host_only, tmp_path_factory, caplog):
+    """127 pads by one, 128 fills its bucket exactly, 129 pads by 127 in the next bucket."""
+    _check_case(name, [127, 128, 129], tmp_path_factory, caplog, "boundary")
+
+
+def _check_case(name, lengths, tmp_path_factory, caplog, test):
+    """Results equal eager at every length, and the graphs run padded (or, for `exact` cases, the
+    pad-safety pass refuses them, saying why). A backward whose inputs carry no length (the gradient
+    of a reduction over it) has nothing to pad: it runs at exact shapes without a verdict."""
     torch.set_num_threads(1)
     case = CASES[name]
-    compiled = _compiled(name, tmp_path_factory)
-    signatures = _check_lengths(case, compiled, lengths)
-    if case.mode == "padded":
-        assert all(not s.startswith(("exact", "static")) for s in signatures), signatures
+    with caplog.at_level("INFO", logger="neuron_inductor"):
+        signatures = _check_lengths(case, _compiled(name, tmp_path_factory, test), lengths)
+    refused = "runs UNPADDED" in caplog.text
+    if case.mode == "exact":
+        assert refused and all(s.startswith("exact") for s in signatures), signatures
     else:
-        assert all(s.startswith("exact") for s in signatures), signatures
+        padded_first = all(not s.startswith(("exact", "static")) for s in signatures[:1])  # [] when all cached
+        assert not refused and padded_first, (signatures, caplog.text[-2000:])
 
 
-_COMPILED: dict[str, object] = {}
+_COMPILED: dict[tuple[str, str], object] = {}
 
 
-def _compiled(name: str, tmp_path_factory):
-    """One compiled function per case for all hypothesis examples (Dynamo keeps its symbolic graph)."""
-    if name not in _COMPILED:
-        folder = tmp_path_factory.mktemp(f"cache_{name}")
-        _COMPILED[name] = torch.compile(CASES[name].fn, backend="neuron",
-                                        options={"cache_dir": str(folder), "fallback": "allow"})
-    return _COMPILED[name]
+def _compiled(name: str, tmp_path_factory, test: str):
+    """One compiled function per case and test for all hypothesis examples (Dynamo keeps its
+    symbolic graph), compiling into its own cache so that each test sees its pad-safety verdicts."""
+    if (name, test) not in _COMPILED:
+        if any(key[0] == name for key in _COMPILED):
+            torch._dynamo.reset()  # Dynamo caches graphs by code object: forget the other test's
+        folder = tmp_path_factory.mktemp(f"cache_{name}_{test}")
+        _COMPILED[name, test] = torch.compile(CASES[name].fn, backend="neuron",
+                                              options={"cache_dir": str(folder), "fallback": "allow"})
+    return _COMPILED[name, test]
 
 
 def test_each_length_in_a_bucket_reuses_one_program(host_only, tmp_path):

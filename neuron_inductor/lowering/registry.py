@@ -32,6 +32,7 @@ LOWERING_MODULES = [
     "neuron_inductor.lowering.copy",
     "neuron_inductor.lowering.convolution",
     "neuron_inductor.lowering.pooling",
+    "neuron_inductor.nki_ops.lowering",  # users' nki_op custom ops (each op adds its own entry when defined)
 ]
 
 # Metadata-only ops: run on the host as torch views (no data moves; kernels read through strides).

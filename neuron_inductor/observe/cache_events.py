@@ -3,8 +3,10 @@
 After each program the runtime compiled or loaded, `note_lookup` reads the compile cache's
 counters to tell a memory hit, a disk hit and a miss apart, logs it, and explains a miss: the
 nearest existing entry (the one sharing the most key parts) and the first part, in `PART_ORDER`,
-whose value differs. Misses are also appended to `<cache folder>/recent_misses.jsonl` (the last
-`KEEP_MISSES`), so `neuron-inductor cache explain` can show them from another process.
+whose value differs — or, when the key's entry was on disk but refused for trust, why. Misses
+are also appended to `<cache folder>/recent_misses.jsonl` (the last `KEEP_MISSES`; only in a
+folder this process writes entries to), so `neuron-inductor cache explain` can show them from
+another process.
 """
 
 from __future__ import annotations
@@ -106,8 +108,13 @@ def note_lookup(cache: Any, label: str) -> dict[str, Any] | None:
         log.info("neuron_inductor: %s: cache %s", label, event)
         return {"event": event}
     latest = stats.recent_misses[-1]
+    if "refused" in latest:
+        why = {"refused": latest["refused"],
+               "message": f"its entry was refused for trust ({latest['refused']}): rebuilt, its code not run"}
+    else:
+        why = explain(latest["parts"], cache.entries(), own_key=latest["key"])
     miss = {"event": "miss", "time": time.strftime("%Y-%m-%d %H:%M:%S"), "label": label, "key": latest["key"],
-            "parts": latest["parts"], **explain(latest["parts"], cache.entries(), own_key=latest["key"])}
+            "parts": latest["parts"], **why}
     log.info("neuron_inductor: %s: cache miss (key %s): %s", label, latest["key"][:12], miss["message"])
-    record_miss(cache.folder, miss)
+    record_miss(cache.folder if cache.writable else None, miss)  # nothing is written into a folder we do not trust
     return miss

@@ -117,8 +117,9 @@ def write_bucket(folder: Path, *, dynamo_code: str | None, aten_gm: fx.GraphModu
     (folder / "wrapper.py").write_text(artifact.wrapper_source)
     write_json(folder / "bucket.json", bucket_info)
     write_json(folder / "cache_key.json", cache_key)
-    for name, source in artifact.kernel_sources.items():
-        (folder / "kernels" / f"{name}.py").write_text(kernel_source(name, source))
+    users = artifact.meta.get("user_kernels", {})
+    for name, source in artifact.kernel_sources.items():  # an nki_op's kernels are the user's source as is
+        (folder / "kernels" / f"{name}.py").write_text(source if name in users else kernel_source(name, source))
 
 
 def storage_bytes(tensors: list[torch.Tensor]) -> int:

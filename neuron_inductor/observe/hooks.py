@@ -123,13 +123,14 @@ def _real_sized(runner: Any, args: list, values: list, specs: list) -> list:
     backward still padded, and the backward receives them so. Eager comparisons and padding counts
     need the real sizes, which the runtime's plan of the call (`args`) gives.
     """
-    bucket = runner.plan(args).bucket
-    if bucket is None:
+    plan = runner.plan(args)
+    if plan.bucket is None:
         return values
+    padded = runner.padded_sizes(plan)
 
     def cut(value: Any, spec: Any) -> Any:
         if isinstance(value, torch.Tensor) and isinstance(spec, tuple):
-            return bucketing.slice_tensor(value, spec, bucket.real, bucket.padded)
+            return bucketing.slice_tensor(value, spec, plan.bucket.real, padded)
         return value
 
     return [cut(value, spec) for value, spec in zip(values, specs)]
@@ -174,7 +175,8 @@ def on_program_compiled(runner: Any, program: Any, signature: Any, args: list) -
                                     padding=_padding(runner, real_args), target=runner.config.target)
     aot.buckets.append(bucket)
     session.BUCKETS.append(bucket)
-    bucket.cache = cache_events.note_lookup(get_cache(runner.config.cache_dir), bucket.label)
+    bucket.cache = cache_events.note_lookup(get_cache(runner.config.cache_dir, runner.config.cache_secret),
+                                            bucket.label)
     progress.compile_finished()
     meta = artifact.meta
     log.info("neuron_inductor: %s compiled: %d kernel(s), %d fallback(s), %d view(s) in %.3fs", bucket.label,

@@ -159,7 +159,7 @@ def _bucket_lines(bucket: dict[str, Any]) -> list[str]:
     graph = bucket["graph"]
     padding = bucket["padding"]
     lines = [
-        f"graph {graph['index']} {graph['kind']} ({graph['function']}, compile {graph['compile_id']}) "
+        f"graph {graph['index']} {graph['kind']} of {graph['function']}() (Dynamo compile {graph['compile_id']}) "
         f"bucket {bucket['bucket']['index']} ({bucket['bucket']['label']})",
         f"  {len(bucket['kernels'])} kernel(s), {len(bucket['fallbacks'])} fallback(s), {bucket['views']} view(s); "
         f"FLOPs in kernels {_percent(bucket['flops']['kernel_share'])}; "

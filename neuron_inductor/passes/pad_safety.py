@@ -39,10 +39,11 @@ import sympy
 import torch
 import torch.fx as fx
 
-from ..bucketing import evaluate, size_expr
+from ..bucketing import dim_factors, evaluate, size_expr
 from ..lowering.registry import RNG_WRAPPERS, VIEW_OPS
 from .padded_layout import (
-    RESHAPES, SAME_AS_FIRST, UNKNOWN, MultiLayout, analyse, is_padded_expr, reduced_dims, tensor_inputs, tensor_val,
+    RESHAPES, SAME_AS_FIRST, UNKNOWN, MultiLayout, analyse, cat_dim, cat_parts, input_layout, is_padded_expr, prefix_cat,
+    reduced_dims, same_size, tensor_inputs, tensor_val,
 )
 
 aten = torch.ops.aten
@@ -57,12 +58,14 @@ class Unsafe(Exception):
 class ExtraInput:
     """An input appended to the rewritten graph, computed by the runtime from the real sizes."""
 
-    kind: str  # "valid": bool [bucket(expr)], true below real(expr); "extent": int32 0-d, real(expr)
+    # "valid": bool [bucket(expr)], true below real(expr); "extent": int32 0-d, real(expr);
+    # "bucket_extent": int32 0-d, expr at the bucket sizes
+    kind: str
     expr: sympy.Expr
 
     def value(self, real: dict, padded: dict) -> torch.Tensor:
-        if self.kind == "extent":
-            return torch.tensor(evaluate(self.expr, real), dtype=torch.int32)
+        if self.kind in ("extent", "bucket_extent"):
+            return torch.tensor(evaluate(self.expr, real if self.kind == "extent" else padded), dtype=torch.int32)
         return torch.arange(evaluate(self.expr, padded)) < evaluate(self.expr, real)
 
     def example(self, padded: dict) -> torch.Tensor:
@@ -98,14 +101,24 @@ def _neutral(kind: str, dtype: torch.dtype):
 
 
 # Ops that never move data across positions of a padded dim (besides pointwise-tagged ops).
-ROW_LOCAL = SAME_AS_FIRST | RESHAPES | VIEW_OPS | {
-    aten.embedding.default, aten.index_select.default, aten.gather.default, aten.where.self,
+ROW_LOCAL = SAME_AS_FIRST | RESHAPES | (VIEW_OPS - {aten.as_strided.default, aten.diagonal.default}) | {
+    aten.where.self, aten.copy.default,
     aten.full.default, aten.full_like.default, aten.zeros_like.default, aten.ones_like.default,
     aten.empty_like.default, aten.new_zeros.default, aten.new_full.default, aten.new_empty.default,
     aten.empty.memory_format, aten.zeros.default, aten.ones.default, aten.arange.start_step,
     aten.arange.default, aten.arange.start, aten.scalar_tensor.default, aten.expand.default,
-    aten.cat.default, aten.sym_size.int, aten.scatter.value, aten.scatter.src, aten.index.Tensor,
+    aten.sym_size.int, aten.scatter.value, aten.scatter.src,
     aten._assert_scalar.default, aten.sym_constrain_range_for_size.default,
+}
+
+# Row-local ops that combine their operands position by position, like pointwise ops.
+ELEMENTWISE_EXTRA = {aten.where.self, aten.copy_.default, aten.copy.default}
+# Indexing ops: which argument they index, and along which dims (index values count real positions).
+INDEXED_DIMS = {
+    aten.embedding.default: lambda node: (0, [0]),
+    aten.index_select.default: lambda node: (0, [node.args[1]]),
+    aten.gather.default: lambda node: (0, [node.args[1]]),
+    aten.index.Tensor: lambda node: (0, [d for d, i in enumerate(node.args[1]) if i is not None]),
 }
 
 SUM_LIKE = {aten.sum.default: "zero", aten.sum.dim_IntList: "zero", aten.any.default: "zero",
@@ -270,6 +283,44 @@ class _Rewriter:
     def note(self, node: fx.Node, what: str) -> None:
         self.report.masked.append(f"{_op(node)}: {what}")
 
+    def replace(self, node: fx.Node, result: fx.Node, what: str, keep: set | None = None) -> None:
+        """Route `node`'s users (but the nodes in `keep`) to `result`, which takes its value and
+        layout; erase `node` when nothing uses it any more."""
+        result.meta["val"] = node.meta.get("val")
+        if node in self.layouts:
+            self.layouts[result] = self.layouts[node]
+        node.replace_all_uses_with(result, delete_user_cb=(lambda user: user not in keep) if keep else lambda _: True)
+        if not node.users:
+            self.graph.erase_node(node)
+        self.note(node, what)
+
+    def real_positions(self, layout) -> None:
+        """Refuse an index into a padded dim unless its real positions are a prefix (index values
+        count real positions, which a merged or unknown layout moves)."""
+        if layout is not None and (layout == UNKNOWN or len(layout) > 1):
+            raise Unsafe("indexes a padded dim whose real positions are not a prefix")
+
+    def aligned(self, node: fx.Node, operands, skip_dim: int | None = None) -> None:
+        """Operands combined position by position must hold their real data at the same positions
+        of every padded dim (aligned from the right, as broadcasting aligns them)."""
+        val = tensor_val(node)
+        if val is None:
+            return
+        rank = val.dim()
+        for axis in range(rank):
+            if axis == skip_dim or not is_padded_expr(size_expr(val.shape[axis]), self.symbols):
+                continue
+            seen = []
+            for operand in operands:
+                operand_val, layout = tensor_val(operand), self.layouts.get(operand)
+                offset = axis - (rank - operand_val.dim()) if operand_val is not None else -1
+                if offset < 0 or isinstance(layout, MultiLayout) or layout is None:
+                    continue
+                if same_size(operand_val.shape[offset], val.shape[axis]) and layout[offset] is not None:
+                    seen.append(layout[offset])
+            if len(set(seen)) > 1 or (UNKNOWN in seen and len(seen) > 1):
+                raise Unsafe(f"combines operands whose real data sit at different positions of padded dim {axis}")
+
     # -- rules -------------------------------------------------------------------------------
 
     def run(self) -> None:
@@ -281,6 +332,7 @@ class _Rewriter:
                     self.visit(node)
             except Unsafe as exc:
                 self.report.unsafe.append(f"{_op(node)}: {exc}")
+        self.check_outputs()
 
     def visit(self, node: fx.Node) -> None:
         target = node.target
@@ -321,6 +373,9 @@ class _Rewriter:
             return self.mask_args(node, [(0, range(tensor_val(grad).dim() - 1), "zero")], "grad of padded ids -> 0")
         if target in (aten.index_put.default, aten.index_put_.default, aten._unsafe_index_put.default):
             return self.index_put(node)
+        if target in (aten.scatter_add.default, aten.scatter_reduce.two, aten.scatter.src, aten.scatter.value,
+                      aten.index_add.default):
+            self.real_positions(self.dim_layout(node.args[0], node.args[1]))
         if target in (aten.scatter_add.default, aten.scatter_reduce.two):
             return self.scatter_reduce(node)
         if target in (aten.scatter.src, aten.scatter.value):
@@ -339,6 +394,20 @@ class _Rewriter:
             return self.constant_pad(node)
         if target in NEVER_PADDED:
             return self.check_untouched(node)
+        if target is aten.cat.default:
+            return self.cat(node)
+        if target in INDEXED_DIMS:
+            return self.indexing(node)
+        if target in (aten.as_strided.default, aten.diagonal.default):
+            if self.padded_dims(node.args[0]):
+                raise Unsafe("takes a strided view of padded data, whose strides count padded positions")
+            return None
+        if target is aten.repeat.default:
+            repeats = list(node.args[1])
+            tiled = [d for d, r in enumerate(repeats[len(repeats) - tensor_val(node.args[0]).dim():]) if r != 1]
+            if self.padded_dims(node.args[0], tiled):
+                raise Unsafe("tiles a padded dim")
+            return None
         if target in (aten.split.Tensor, aten.split_with_sizes.default, aten.unbind.int):
             dim = node.args[2] if len(node.args) > 2 else node.kwargs.get("dim", 0)
             if target is aten.unbind.int:
@@ -349,6 +418,9 @@ class _Rewriter:
         if isinstance(target, torch._ops.OpOverload) and torch.Tag.nondeterministic_seeded in target.tags:
             return self.random(node)
         if self.is_row_local(node):
+            if target in ELEMENTWISE_EXTRA or (isinstance(target, torch._ops.OpOverload)
+                                               and torch.Tag.pointwise in target.tags):
+                self.aligned(node, tensor_inputs(node))
             return None
         if any(self.padded_dims(arg) for arg in tensor_inputs(node)):
             raise Unsafe("no pad-safety rule for this op and it reads padded data")
@@ -356,6 +428,8 @@ class _Rewriter:
 
     def is_row_local(self, node: fx.Node) -> bool:
         target = node.target
+        if target is torch.ops.higher_order.auto_functionalized_v2:  # a mutating custom op: judge the op itself
+            target = node.args[0]
         if not isinstance(target, torch._ops.OpOverload):
             return True  # getitem and SymInt arithmetic
         return target in ROW_LOCAL or torch.Tag.pointwise in target.tags
@@ -441,9 +515,7 @@ class _Rewriter:
         total = self._call(aten.sum.dim_IntList, self.masked(source, dims, "zero"), dims_list, keepdim,
                            dtype=node.kwargs.get("dtype"))
         result = self._call(aten.div.Tensor, total, self._count(source, dims))
-        node.replace_all_uses_with(result)
-        self.graph.erase_node(node)
-        self.note(node, "sum of real elements / real count")
+        self.replace(node, result, "sum of real elements / real count")
 
     def variance(self, node: fx.Node) -> None:
         source = node.args[0]
@@ -463,9 +535,7 @@ class _Rewriter:
         result = self._call(aten.div.Tensor, squares, self._call(aten.sub.Tensor, count, correction))
         if node.target is aten.std.correction:
             result = self._call(aten.sqrt.default, result)
-        node.replace_all_uses_with(result)
-        self.graph.erase_node(node)
-        self.note(node, "centred on the real mean, divided by the real count")
+        self.replace(node, result, "centred on the real mean, divided by the real count")
 
     def contraction(self, node: fx.Node) -> None:
         specs = CONTRACTIONS[node.target]
@@ -474,14 +544,8 @@ class _Rewriter:
         if not self.padded_dims(a, [a_dim]):
             return
         layout_a, layout_b = self.dim_layout(a, a_dim), self.dim_layout(b, b_dim)
-        if UNKNOWN in (layout_a, layout_b):
-            # One operand's layout is enough: both index the same contracted positions.
-            known = layout_b if layout_a == UNKNOWN else layout_a
-            if known == UNKNOWN:
-                raise Unsafe("contracts a padded dim whose layout is not known")
-            for arg in (a, b):
-                self.layouts[arg] = tuple(known if i == (a_dim if arg is a else b_dim) % tensor_val(arg).dim() else l
-                                          for i, l in enumerate(self.layouts[arg]))
+        if UNKNOWN in (layout_a, layout_b) or layout_a != layout_b:
+            raise Unsafe("contracts a padded dim whose real positions differ between the operands (or are not known)")
         self.mask_args(node, [(a_index, [a_dim], "zero"), (b_index, [b_dim], "zero")],
                        "both operands zeroed along the padded contraction dim")
 
@@ -555,6 +619,11 @@ class _Rewriter:
 
     def index_put(self, node: fx.Node) -> None:
         accumulate = len(node.args) > 3 and bool(node.args[3])
+        base = node.args[0]
+        for dim, index in enumerate(node.args[1]):
+            if index is not None:
+                self.real_positions(self.dim_layout(base, dim))
+        self.count_negative_indices_from_real_end(node, base, node.args[1], 1)
         indices = [i for i in node.args[1] if isinstance(i, fx.Node)]
         if not any(self.padded_dims(i) for i in indices) and not self.padded_dims(node.args[2]):
             return
@@ -586,9 +655,7 @@ class _Rewriter:
         position = self._call(aten.view.default, position, [1])
         picked = self._call(aten.index_select.default, source, dim, position)
         result = self._call(aten.squeeze.dim, picked, dim)
-        node.replace_all_uses_with(result)
-        self.graph.erase_node(node)
-        self.note(node, "index counted from the real end")
+        self.replace(node, result, "index counted from the real end")
 
     def slice(self, node: fx.Node) -> None:
         source, dim = node.args[0], node.args[1]
@@ -603,16 +670,28 @@ class _Rewriter:
                 raise Unsafe("slices a merged padded dim at an offset")
             return
         out_size = size_expr(tensor_val(node).shape[dim])
-        if not out_size.is_Integer or layout == UNKNOWN or len(layout) > 1:
-            raise Unsafe("slice from the end of a padded dim with a padded length")
+        if _whole_blocks(layout, start_expr, out_size):
+            return
+        if layout == UNKNOWN or len(layout) > 1:
+            raise Unsafe("slices a merged padded dim from its end")
         if start_expr.is_Integer:
             start_expr = size_expr(tensor_val(source).shape[dim]) + start_expr
-        positions = self._call(aten.arange.start_step, 0, int(out_size) * step, step, dtype=torch.int32)
-        positions = self._call(aten.add.Tensor, positions, self.real_scalar(start_expr))
-        result = self._call(aten.index_select.default, source, dim, positions)
-        node.replace_all_uses_with(result)
-        self.graph.erase_node(node)
-        self.note(node, "start counted from the real end")
+        keep = set()
+        with self.graph.inserting_before(node.next):  # after the slice: its size may be read
+            if out_size.is_Integer:
+                positions = self._call(aten.arange.start_step, 0, int(out_size) * step, step, dtype=torch.int32)
+                positions = self._call(aten.add.Tensor, positions, self.real_scalar(start_expr))
+            else:  # a padded length from a real start: positions past the real end stay in bounds
+                if step != 1 or len(dim_factors(out_size)) > 1:
+                    raise Unsafe("slices a padded length with a step, or into a merged dim")
+                keep.add(length := self._call(aten.sym_size.int, node, dim))  # the slice stays, for its size
+                positions = self._call(aten.arange.start_step, 0, length, 1, dtype=torch.int32)
+                last = self._prologue(("last", source, dim), aten.sub.Tensor,
+                                      self._extra("bucket_extent", size_expr(tensor_val(source).shape[dim])), 1)
+                positions = self._call(aten.minimum.default, self._call(aten.add.Tensor, positions,
+                                                                        self.real_scalar(start_expr)), last)
+            result = self._call(aten.index_select.default, source, dim, positions)
+        self.replace(node, result, "start counted from the real end", keep=keep)
 
     def constant_pad(self, node: fx.Node) -> None:
         """Padding a padded dim puts the fill after the bucket's padding, not after the real data (as
@@ -646,19 +725,123 @@ class _Rewriter:
                 fill_value = self._call(aten.scalar_tensor.default, fill, dtype=tensor_val(node).dtype)
                 result = self._call(aten.where.self, keep, result, fill_value)
                 created |= {size, positions, keep, fill_value, result}
-        result.meta["val"], self.layouts[result] = node.meta["val"], self.layouts[node]  # for the rules downstream
-        node.replace_all_uses_with(result, delete_user_cb=lambda user: user not in created)
-        self.note(node, "positions past the real end -> fill value")
+        self.replace(node, result, "positions past the real end -> fill value", keep=created)
 
     def scatter_into_slice(self, node: fx.Node) -> None:
-        base, dim = node.args[0], node.args[2]
+        base, src, dim = node.args[0], node.args[1], node.args[2]
         layout = self.dim_layout(base, dim)
+        if node.target is aten.slice_scatter.default and self.padded_dims(src, [dim]):
+            # The padded rows of `src` are written too, and may land on real rows of the base: they
+            # write the base's own values there instead.
+            if layout is None:
+                raise Unsafe("writes a padded source into an unpadded dim")
+            bounds = list(node.args[3:6]) + [None, None, 1][len(node.args[3:6]):]
+            own = self._call(aten.slice.Tensor, base, dim, *bounds)
+            node.update_arg(1, self._call(aten.where.self, self.mask_for(src, [dim]), src, own))
+            self.note(node, "padded source rows write the base's own values")
         if layout is None:
             return
         position = node.args[3] if len(node.args) > 3 else 0
         expr = size_expr(position.meta["val"]) if isinstance(position, fx.Node) else sympy.Integer(position or 0)
         if not expr.is_Integer or int(expr) < 0 or (int(expr) and len(layout) > 1):
             raise Unsafe("writes at a position counted from the end of a padded dim")
+
+
+    def cat(self, node: fx.Node) -> None:
+        """A cat along a padded dim places each part after the previous part's *padded* end. Equal
+        prefix parts give the (k, e) layout the runtime reads a k*e dim in; other prefix parts are
+        gathered so that each part's real rows follow the previous part's real rows (positions past
+        the real total keep whatever they hold)."""
+        parts, dim = cat_parts(node), cat_dim(node)
+        self.aligned(node, parts, skip_dim=dim)
+        if not self.padded_dims(node, [dim]):
+            return
+        layouts = [self.dim_layout(part, dim) for part in parts]
+        if layouts[0] is not None and layouts[0] != UNKNOWN and len(layouts[0]) == 1 and len(set(layouts)) == 1:
+            return
+        if not prefix_cat(layouts, self.symbols, tensor_val(node).shape[dim]):
+            raise Unsafe("concatenates along a padded dim parts whose real rows are not prefixes")
+        created: set[fx.Node] = set()
+
+        def call(target, *args, **kwargs) -> fx.Node:
+            created.add(result := self._call(target, *args, **kwargs))
+            return result
+
+        with self.graph.inserting_before(node.next):
+            positions = call(aten.arange.start_step, 0, call(aten.sym_size.int, node, dim), 1, dtype=torch.int32)
+            source, before = positions, sympy.Integer(0)
+            for part in parts:
+                shift_from = self.real_scalar(before)  # each part's real rows start after the real rows before it
+                shift = self._prologue(("cat_shift", before), aten.sub.Tensor, self._extra("bucket_extent", before),
+                                       shift_from) if is_padded_expr(before, self.symbols) else None
+                if shift is not None:
+                    moved = call(aten.add.Tensor, positions, shift)
+                    source = call(aten.where.self, call(aten.ge.Tensor, positions, shift_from), moved, source)
+                before = before + size_expr(tensor_val(part).shape[dim])
+            end = self.real_scalar(before)  # past the real total: any in-bounds position
+            source = call(aten.where.self, call(aten.ge.Tensor, positions, end), positions, source)
+            result = call(aten.index_select.default, node, dim, source)
+        self.replace(node, result, "parts gathered to their real offsets", keep=created)
+
+    def indexing(self, node: fx.Node) -> None:
+        index_arg, dims = INDEXED_DIMS[node.target](node)
+        source = node.args[index_arg]
+        for dim in dims:
+            self.real_positions(self.dim_layout(source, dim))
+        if node.target is aten.gather.default:
+            self.aligned(node, [source, node.args[2]], skip_dim=node.args[1] % tensor_val(node).dim())
+        if node.target is aten.index.Tensor:
+            self.count_negative_indices_from_real_end(node, source, node.args[1], 1)
+
+    def count_negative_indices_from_real_end(self, node: fx.Node, source: fx.Node, indices, position: int) -> None:
+        """Advanced indexing takes negative indices from the end of a dim: the real end."""
+        new_indices, changed = list(indices), False
+        for dim, index in enumerate(indices):
+            if not isinstance(index, fx.Node) or not self.padded_dims(source, [dim]):
+                continue
+            if tensor_val(index).dtype == torch.bool:
+                raise Unsafe("masks a padded dim with a boolean index")
+            real = self.real_scalar(size_expr(tensor_val(source).shape[dim]))
+            wrapped = self._call(aten.add.Tensor, index, real)
+            new_indices[dim] = self._call(aten.where.self, self._call(aten.lt.Scalar, index, 0), wrapped, index)
+            changed = True
+        if changed:
+            node.update_arg(position, new_indices)
+            self.note(node, "negative indices counted from the real end")
+
+    def check_outputs(self) -> None:
+        """The runtime slices every output as if it were a graph input of its shape (each padded dim a
+        real prefix, or `c`-major for `c*e`): an output whose real data sits elsewhere cannot be padded."""
+        output = next(n for n in reversed(self.graph.nodes) if n.op == "output")
+        for value in _flat_nodes(output.args[0]):
+            layout, val = self.layouts.get(value), tensor_val(value)
+            if val is None or layout is None or isinstance(layout, MultiLayout):
+                continue
+            for dim, (actual, expected) in enumerate(zip(layout, input_layout(val.shape, self.symbols))):
+                if actual != expected:
+                    self.report.unsafe.append(
+                        f"{_op(value)}: returns a tensor whose padded dim {dim} holds its real data as {actual}, "
+                        f"not as {expected}, the layout the caller slices")
+
+
+def _whole_blocks(layout, start: sympy.Expr, length: sympy.Expr) -> bool:
+    """Whether a slice of a dim laid out (k, e) takes whole blocks of e (the parts of a cat of equal
+    padded parts): its padded bounds then cut the same blocks."""
+    if layout == UNKNOWN or len(layout) != 2 or not layout[0].is_Integer:
+        return False
+    first, count = sympy.simplify(start / layout[1]), sympy.simplify(length / layout[1])
+    return (first.is_Integer and count.is_Integer and 0 <= int(first) and int(count) > 0
+            and int(first) + int(count) <= int(layout[0]))
+
+
+def _flat_nodes(value) -> list[fx.Node]:
+    if isinstance(value, fx.Node):
+        return [value]
+    if isinstance(value, (list, tuple)):
+        return [n for item in value for n in _flat_nodes(item)]
+    if isinstance(value, dict):
+        return [n for item in value.values() for n in _flat_nodes(item)]
+    return []
 
 
 def _tensor_results(node: fx.Node) -> list[torch.Tensor]:

@@ -167,16 +167,37 @@ def tensor_inputs(node: fx.Node) -> list[fx.Node]:
     return found
 
 
+def cat_dim(node: fx.Node) -> int:
+    dim = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim", 0)
+    return dim % tensor_val(node).dim()
+
+
+def cat_parts(node: fx.Node) -> list[fx.Node]:
+    """The parts a cat concatenates: legacy empty 1-D parts (skipped by cat) left out."""
+    rank = tensor_val(node).dim()
+    return [t for t in node.args[0] if not (rank > 1 and tensor_val(t).dim() == 1 and tensor_val(t).shape[0] == 0)]
+
+
+def prefix_cat(parts: list, symbols: frozenset, size) -> bool:
+    """Whether a cat along a padded dim can be rewritten to hold its real rows as a prefix: every
+    part is unpadded or a real prefix, and the output's own layout is a single prefix factor."""
+    return all(p is None or (p != UNKNOWN and len(p) == 1) for p in parts) and len(dim_factors(size_expr(size))) == 1
+
+
 def _cat(node: fx.Node, val: torch.Tensor, layouts: dict, symbols: frozenset) -> Layout:
-    """Concatenating k tensors of layout (e,) along a padded dim gives (k, e)."""
+    """Concatenating k tensors of layout (e,) along a padded dim gives (k, e). Other concatenations
+    of prefixes are rewritten by the pad-safety pass to the prefix layout of their output; anything
+    else is UNKNOWN (and the pass refuses to pad it)."""
     base = _broadcast(node, val, layouts, symbols)
-    dim = (node.args[1] if len(node.args) > 1 else 0) % val.dim()
+    dim = cat_dim(node)
     if not is_padded_expr(size_expr(val.shape[dim]), symbols):
         return base
-    parts = [layouts.get(t) for t in node.args[0]]
-    first = parts[0][dim] if parts[0] else None
-    if first is not None and first != UNKNOWN and len(first) == 1 and all(p and p[dim] == first for p in parts):
+    parts = [(layouts.get(t) or (None,) * val.dim())[dim] for t in cat_parts(node)]
+    first = parts[0]
+    if first is not None and first != UNKNOWN and len(first) == 1 and all(p == first for p in parts):
         return base[:dim] + (_normalize((sympy.Integer(len(parts)),) + first, symbols),) + base[dim + 1:]
+    if prefix_cat(parts, symbols, val.shape[dim]):
+        return base[:dim] + (dim_factors(size_expr(val.shape[dim])),) + base[dim + 1:]
     return base[:dim] + (UNKNOWN,) + base[dim + 1:]
 
 

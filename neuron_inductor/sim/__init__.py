@@ -11,6 +11,8 @@ Kernels written for real NKI run unchanged::
     with sim.trace() as t:                          # record every ISA instruction
         out = my_kernels.matmul(a, b)
     t.estimate("trn2").total_seconds                # cost-model device time for one NeuronCore
+    with sim.shapes_only():                         # shape logic only, on meta tensors (no math)
+        out = my_kernels.matmul(a.to("meta"), b.to("meta"))
 
     python -m neuron_inductor.sim SCRIPT.py ARGS    # run a script written for real NKI
 
@@ -30,9 +32,13 @@ Environment:
   NEURON_INDUCTOR_SIM_THREADS=N        torch intra-op threads while a kernel runs (default 1:
                                        tile ops are too small to gain; 0 keeps torch's setting)
 
-Modules: dtypes, tensor (NkiTensor, views), memory (capacity), rules (checks), ops (math
-operators), isa (nki.isa), language (nki.language), launch (nki.jit, SPMD), tracing, cost_model,
-targets (hardware constants), shim (as_nki, load_kernels), __main__ (script runner).
+Modules: dtypes, tensor (NkiTensor), views (NkiTensor view methods), indirect (indirect DMA
+views), addressed (address= tiles), memory (capacity), rules (checks), ops (math operators),
+isa (nki.isa; more instructions in isa_scan, isa_search, isa_gather, isa_cores,
+isa_dma_compute), isa_constants, registers (virtual registers, dynamic loops), objects
+(NKIObject), typing_api (nki.typing), language (nki.language), launch (nki.jit), cores (SPMD /
+LNC programs and their sync points), tracing, cost_model, targets (hardware constants), shim
+(as_nki, load_kernels), __main__ (script runner). README "Interpreter fidelity" lists coverage.
 """
 
 from . import isa, language
@@ -41,11 +47,11 @@ from .errors import NkiCapacityError, NkiError, NkiIndexError, NkiRuleError
 from .launch import Kernel, jit, simulate
 from .shim import as_nki, load_kernels
 from .targets import TARGETS, Target, get_target
-from .tensor import NkiTensor
+from .tensor import NkiTensor, shapes_only
 from .tracing import Instruction, Trace, trace
 
 __all__ = [
     "Estimate", "Instruction", "Kernel", "NkiCapacityError", "NkiError", "NkiIndexError", "NkiRuleError",
     "NkiTensor", "TARGETS", "Target", "Trace", "as_nki", "estimate", "get_target", "isa", "jit", "language",
-    "load_kernels", "simulate", "trace",
+    "load_kernels", "shapes_only", "simulate", "trace",
 ]

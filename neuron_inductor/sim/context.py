@@ -15,7 +15,7 @@ from .targets import Target, get_target
 
 class ProgramContext:
     __slots__ = ("target", "sbuf", "psum", "program_id", "grid", "kernel_name", "shared_outputs",
-                 "reduce_regs", "reduce_regs_written")
+                 "reduce_regs", "reduce_regs_written", "sync_counts", "vector_acc", "address_spaces")
 
     def __init__(self, target: Target, program_id=(0,), grid=(1,), kernel_name="", shared_outputs=None):
         self.target = target
@@ -28,6 +28,9 @@ class ProgramContext:
         self.shared_outputs = shared_outputs if shared_outputs is not None else SharedOutputs()
         self.reduce_regs = None  # ScalarE reduce registers: 128 fp32, made on first use
         self.reduce_regs_written = False
+        self.address_spaces = {}  # buffer name -> [128, capacity] uint8 bytes of address= tiles (addressed.py)
+        self.vector_acc = None  # VectorE reduce accumulators: 128 fp32, made on first use (isa_scan.py)
+        self.sync_counts = {}  # sync-point kind -> how many this program has passed (cores.py)
 
 
 class SharedOutputs:
@@ -35,8 +38,8 @@ class SharedOutputs:
 
     __slots__ = ("tensors", "cursor")
 
-    def __init__(self):
-        self.tensors = []
+    def __init__(self, tensors=None):
+        self.tensors = [] if tensors is None else tensors  # one list per launch; a cursor per program
         self.cursor = 0
 
     def restart(self):

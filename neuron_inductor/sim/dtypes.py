@@ -17,6 +17,8 @@ import os
 
 import torch
 
+from .errors import NkiError
+
 FP32_STORAGE_ENV = "NEURON_INDUCTOR_SIM_FP32_STORAGE"
 
 
@@ -36,6 +38,9 @@ class NkiDtype:
 
     def __repr__(self):
         return f"nl.{self.name}"
+
+    def __str__(self):
+        return self.name  # NKI 0.3+ dtypes are their names: str(nl.bfloat16) == "bfloat16"
 
     def __reduce__(self):
         return (by_name, (self.name,))
@@ -65,8 +70,17 @@ float8_e5m2 = NkiDtype("float8_e5m2", 1, torch.float8_e5m2, "float")
 int64 = _int("int64", 64, True, torch.int64, on_chip=False)
 float64 = NkiDtype("float64", 8, torch.float64, "float", on_chip=False)
 
+# MX (microscaling) types of NeuronCore-v4: packed fp8 / fp4 quads and the e8m0 scale. Kernels
+# name them at import time; the interpreter stores their bytes (DMA moves them) but no engine
+# computes on them (nc_matmul_mx / quantize_mx are not modelled): kind "mx".
+float8_e5m2_x4 = NkiDtype("float8_e5m2_x4", 4, torch.int32, "mx")
+float8_e4m3fn_x4 = NkiDtype("float8_e4m3fn_x4", 4, torch.int32, "mx")
+float4_e2m1fn_x4 = NkiDtype("float4_e2m1fn_x4", 2, torch.int16, "mx")
+float8_e8m0fnu = NkiDtype("float8_e8m0fnu", 1, torch.uint8, "mx")
+MX = (float8_e5m2_x4, float8_e4m3fn_x4, float4_e2m1fn_x4, float8_e8m0fnu)
+
 ALL = (bool_, int8, int16, int32, uint8, uint16, uint32, float16, bfloat16, tfloat32, float32,
-       float8_e4m3, float8_e4m3fn, float8_e5m2, int64, float64)
+       float8_e4m3, float8_e4m3fn, float8_e5m2, int64, float64) + MX
 _BY_NAME = {d.name: d for d in ALL}
 _FROM_TORCH = {
     torch.bool: bool_, torch.int8: int8, torch.int16: int16, torch.int32: int32,
@@ -133,6 +147,9 @@ def cast_for_store(values: torch.Tensor, dtype: NkiDtype, storage: torch.dtype) 
         if dtype is float8_e4m3 and storage is not torch.float32:
             return values.clamp(-240.0, 240.0)
         return values
+    if kind == "mx":
+        raise NkiError(f"no engine writes {dtype.name} values in the interpreter (MX matmul / quantize_mx "
+                       "are NeuronCore-v4 instructions it does not model); only DMA may move MX bytes")
     if kind == "int":
         if values.is_floating_point():
             values = values.double().round().nan_to_num(0.0)

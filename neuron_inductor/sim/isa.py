@@ -31,9 +31,11 @@ from enum import Enum
 
 import torch
 
-from . import context, dtypes, rules
+from . import context, dtypes, indirect, rules
 from . import tensor as tensors
-from .errors import NkiError
+from .errors import NkiError, NkiIndexError
+from .indirect import IndirectView
+from .registers import VirtualRegister, register_alloc, register_load, register_move, register_store  # noqa: F401
 from .ops import ALU_KINDS, OPS
 from .tracing import ACTIVE, record
 
@@ -83,6 +85,30 @@ class nc_version(Enum):
     gen3 = 3
     gen4 = 4
 
+    # Kernels gate features with `nisa.get_nc_version() >= nisa.nc_version.gen3`.
+    def __lt__(self, other):
+        return self.value < _nc_version_value(other)
+
+    def __le__(self, other):
+        return self.value <= _nc_version_value(other)
+
+    def __gt__(self, other):
+        return self.value > _nc_version_value(other)
+
+    def __ge__(self, other):
+        return self.value >= _nc_version_value(other)
+
+
+def _nc_version_value(other) -> int:
+    if not isinstance(other, nc_version):
+        raise TypeError(f"cannot order nisa.nc_version against {type(other).__name__}")
+    return other.value
+
+
+class dma_engine(Enum):
+    dma = 1         # shared DMA queues (default)
+    gpsimd_dma = 2  # GpSimd's internal DMA for SBUF-to-SBUF swaps between the two cores of LNC=2
+
 
 # Deprecated aliases still found in kernels.
 tensor_engine, vector_engine, scalar_engine = engine.tensor, engine.vector, engine.scalar
@@ -128,7 +154,8 @@ def _f32_reused(t) -> torch.Tensor:
     data = t.data
     alloc = t.alloc
     storage = alloc.storage
-    if data.dtype is _F32 or data.dtype is not storage.dtype or data.numel() * 8 < storage.numel():
+    if data.dtype is _F32 or data.dtype is not storage.dtype or data.numel() * 8 < storage.numel() \
+            or storage.storage_offset() or not storage.is_contiguous():  # address= tiles view a shared buffer
         return _f32(t)
     version = storage._version  # shared by every view: bumps on any in-place write
     if alloc.f32_version != version:
@@ -145,8 +172,19 @@ def _i64(t) -> torch.Tensor:
 def _scalar(operand, integer=False):
     """A number or a [P, 1] tile as something that broadcasts against [P, F]."""
     if getattr(operand, "buffer", None) is None:
-        return torch.scalar_tensor(operand, dtype=_I64 if integer else _F32)
+        return torch.scalar_tensor(operand, dtype=_I64) if integer else f32_immediate(operand)
     return _i64(operand) if integer else _f32(operand)
+
+
+def f32_immediate(value) -> torch.Tensor:
+    """A Python number as the fp32 immediate the engines see: rounded to nearest, so the
+    library's -3.4028235e38 "minus infinity" fill (just past FLT_MAX in float64) becomes -FLT_MAX."""
+    if -_F32_MAX <= value <= _F32_MAX:  # the common case: exactly representable range, one conversion
+        return torch.scalar_tensor(value, dtype=_F32)
+    return torch.scalar_tensor(value, dtype=torch.float64).to(_F32)
+
+
+_F32_MAX = 3.4028234663852886e38
 
 
 def _is_int(operand) -> bool:
@@ -598,7 +636,7 @@ def affine_select(dst, pattern, channel_multiplier, on_true_tile, on_false_value
     values = _affine_values(api, p, pattern, offset, channel_multiplier)
     rules.same_free_size(api, "dst", n, "pattern", values.shape[1])
     keep = cmp_op.fn(values.to(_F32), torch.scalar_tensor(0.0)) != 0
-    _write(dst, torch.where(keep, _f32(on_true_tile), torch.scalar_tensor(float(on_false_value))))
+    _write(dst, torch.where(keep, _f32(on_true_tile), f32_immediate(on_false_value)))
     if ACTIVE:
         record("gpsimd", "affine_select", p * n, _bytes(dst, on_true_tile), n, p,
                (("dst", dst), ("on_true_tile", on_true_tile)))
@@ -618,7 +656,7 @@ def memset(dst, value, engine=engine.unknown, name=None):
 
 def fill(dst, value) -> None:
     """Set every element of dst to `value` cast to dst.dtype (no rules, no trace)."""
-    scalar = torch.scalar_tensor(value, dtype=torch.float64 if dst.dtype.kind == "int" else _F32)
+    scalar = torch.scalar_tensor(value, dtype=torch.float64) if dst.dtype.kind == "int" else f32_immediate(value)
     if dst.dtype in _NEEDS_CAST:
         scalar = dtypes.cast_for_store(scalar, dst.dtype, dst.data.dtype)
     dst.data.fill_(scalar)
@@ -628,9 +666,18 @@ def fill(dst, value) -> None:
 
 # ---------------------------------------------------------------------------- DMA
 
-def dma_copy(dst, src, oob_mode=oob_mode.error, dge_mode=dge_mode.unknown, name=None):
-    """Copy between HBM and SBUF (never PSUM); only element counts must match."""
-    _dma_copy("nisa.dma_copy", "dma_copy", dst, src, dge_mode)
+def dma_copy(dst, src, priority=None, oob_mode=oob_mode.error, dge_mode=dge_mode.unknown, engine=engine.unknown,
+             name=None):
+    """Copy between HBM and SBUF (never PSUM); only element counts must match.
+
+    An indirect side (`.ap(scalar_offset= / vector_offset=)`) makes it a gather or scatter
+    (indirect.py); oob_mode says what out-of-bounds indices do.
+    """
+    api = "nisa.dma_copy"
+    if isinstance(dst, IndirectView) or isinstance(src, IndirectView):
+        indirect.dma(api, dst, src, oob_mode, lambda d, s: _dma_copy(api, "dma_copy", d, s, dge_mode))
+        return
+    _dma_copy(api, "dma_copy", dst, src, dge_mode)
 
 
 _DMA_BUFFERS = frozenset({"sbuf", "shared_hbm", "private_hbm"})
@@ -661,25 +708,53 @@ def _dma_copy(api, op_name, dst, src, mode=dge_mode.unknown):
         record("dma", op_name, 0, nbytes, n // p, p, (("dst", dst), ("src", src)))
 
 
-def dma_transpose(dst, src, axes=None, dge_mode=dge_mode.unknown, name=None):
-    """dst = src.T for 2-D 2-byte tensors, HBM -> SBUF or SBUF -> SBUF."""
+_DMA_TRANSPOSE_PERMS = {2: (1, 0), 3: (2, 1, 0), 4: (3, 1, 2, 0)}
+
+
+def dma_transpose(dst, src, axes=None, priority=None, dge_mode=dge_mode.unknown, oob_mode=oob_mode.error, name=None):
+    """dst = src permuted ([1, 0] for 2-D, [2, 1, 0] for 3-D, [3, 1, 2, 0] for 4-D) for 2-byte dtypes,
+    HBM -> SBUF or SBUF -> SBUF; an indirect src (`.ap(vector_offset=)`) gathers its rows first."""
     api = "nisa.dma_transpose"
     rules.on_chip(api, "src", src, ("sbuf", "shared_hbm", "private_hbm"))
     rules.operand(api, "dst", dst, _SBUF)
-    rules.two_byte_dtype(api, "src", src)
+    if dge_mode is globals()["dge_mode"].hwdge or isinstance(src, IndirectView):
+        rules.two_byte_dtype(api, "src", src)  # documented for the hardware-DGE and indirect transposes only
     rules.same_dtype(api, "dst", dst, "src", src)
-    if src.data.dim() != 2 or (axes is not None and tuple(axes) != (1, 0)):
-        raise NkiError(f"{api}: only 2-D transposes (axes=(1, 0)) are modelled, got {list(src.data.shape)}, axes={axes}")
-    a, b = src.data.shape
-    if dst.data.shape[0] != b or rules.free_size(dst) != a:
+    ndim = len(src.shape)
+    perm = _DMA_TRANSPOSE_PERMS.get(ndim)
+    if perm is None or (axes is not None and tuple(axes) != perm):
+        raise NkiError(f"{api}: {ndim}-d src with axes={axes}: the DMA transposes 2-d (1, 0), 3-d (2, 1, 0) and "
+                       "4-d (3, 1, 2, 0) tiles")
+    if isinstance(src, IndirectView):
+        if dge_mode is globals()["dge_mode"].hwdge:
+            raise NkiError(f"{api}: an indirect transpose runs on the software DGE (dge_mode swdge or unknown)")
+        addr, valid = src.resolve(api)
+        if valid is not None:
+            raise NkiIndexError(f"{api}: an indirect index is out of bounds (dim of size {src.bound})")
+        values = src.flat[addr]
+    else:
+        values = src.data
+    values = values.permute(perm)
+    expected = tuple(values.shape)
+    if dst.data.shape[0] != expected[0] or dst.data.numel() != values.numel():
         rules.fail(api, "dst is src transposed", list(dst.data.shape),
-                   f"dst has shape {list(dst.data.shape)}, expected [{b}, {a}]")
-    values = src.data.t()
-    if src.alloc is dst.alloc:
+                   f"dst has shape {list(dst.data.shape)}, expected {list(expected)}")
+    if not isinstance(src, IndirectView) and src.alloc is dst.alloc:
         values = values.clone()
-    if _same_storage(dst, src):
+    a, b = values.shape[0], values.numel() // values.shape[0]
+    if dst.dtype is src.dtype and dst.data.dtype is values.dtype:
         _write(dst, values, wrap=True)
     else:
         _write(dst, values.to(_F32))
     if ACTIVE:
-        record("dma", "dma_transpose", 0, a * b * src.dtype.itemsize, a, b, (("dst", dst), ("src", src)))
+        record("dma", "dma_transpose", 0, a * b * src.dtype.itemsize, b, a, (("dst", dst), ("src", src)))
+
+
+# Instructions kept in their own modules (they use the helpers above); nki.isa exposes them all.
+from .isa_cores import core_barrier, sendrecv  # noqa: E402,F401
+from .isa_scan import tensor_scalar_reduce, tensor_tensor_scan  # noqa: E402,F401
+from .isa_search import max8, nc_find_index8, nc_match_replace8, nonzero_with_count  # noqa: E402,F401
+from .isa_gather import (local_gather, nc_n_gather, nc_stream_shuffle, tensor_copy_predicated,  # noqa: E402,F401
+                         tensor_partition_reduce)
+from .isa_dma_compute import dma_compute  # noqa: E402,F401
+from .isa_scan import exponential, range_select, select_reduce, tensor_scalar_cumulative  # noqa: E402,F401

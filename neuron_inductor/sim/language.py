@@ -15,11 +15,14 @@ import operator
 
 import torch
 
-from . import context, dtypes, isa, rules
+from . import addressed, context, dtypes, isa, rules
 from . import tensor as tensors
-from .dtypes import (bfloat16, bool_, float8_e4m3, float8_e4m3fn, float8_e5m2, float16, float32,  # noqa: F401
-                     int8, int16, int32, tfloat32, uint8, uint16, uint32)
+from .dtypes import (bfloat16, bool_, float4_e2m1fn_x4, float8_e4m3, float8_e4m3fn,  # noqa: F401
+                     float8_e4m3fn_x4, float8_e5m2, float8_e5m2_x4, float8_e8m0fnu, float16, float32, int8,
+                     int16, int32, tfloat32, uint8, uint16, uint32)
 from .errors import NkiError
+from .objects import NKIObject  # noqa: F401
+from .registers import dynamic_range, fori_loop, while_loop  # noqa: F401
 from .ops import ALU_KINDS, OPS, NkiOp
 from .tensor import DynSlice, NkiTensor, ds  # noqa: F401
 
@@ -56,7 +59,7 @@ def _shape(shape) -> tuple:
 
 
 def ndarray(shape, dtype, buffer=sbuf, name="", address=None) -> NkiTensor:
-    """An uninitialised tensor (NaN / 4 filled, as in the real simulator). `address=` is ignored."""
+    """An uninitialised tensor (NaN / 4 filled, as in the real simulator); on-chip `address=` places it (addressed.py)."""
     shape = _shape(shape)
     dtype = dtypes.as_dtype(dtype)
     if not isinstance(buffer, tensors.Buffer):
@@ -67,11 +70,31 @@ def ndarray(shape, dtype, buffer=sbuf, name="", address=None) -> NkiTensor:
         if shape and shape[0] > rules.PMAX:
             rules.fail("nl.ndarray", f"partition dim <= {rules.PMAX}", shape[0],
                        f"{buffer.name} tile {list(shape)} has partition dim {shape[0]}, over the {rules.PMAX}-partition limit")
+        if address is not None:
+            return addressed.allocate(shape, dtype, buffer, name, address)
         pool = program.sbuf if buffer is sbuf else program.psum
         return tensors.allocate(shape, dtype, buffer, name, pool)
+    if address is not None:
+        raise NkiError(f"nl.ndarray: address= places on-chip tiles; {buffer.name} tensors have no address")
     if buffer is shared_hbm:
         return _shared(program.shared_outputs, shape, dtype, name)
     return tensors.allocate(shape, dtype, buffer, name, None)
+
+
+def is_hbm(buffer) -> bool:
+    return buffer is shared_hbm or buffer is private_hbm
+
+
+def is_on_chip(buffer) -> bool:
+    return buffer is sbuf or buffer is psum
+
+
+def is_psum(buffer) -> bool:
+    return buffer is psum
+
+
+def is_sbuf(buffer) -> bool:
+    return buffer is sbuf
 
 
 def _shared(outputs, shape, dtype, name) -> NkiTensor:
@@ -120,6 +143,31 @@ def shared_identity_matrix(n, dtype=uint8, name="") -> NkiTensor:
     t.data.diagonal().fill_(1)
     _trace_constant_load(t)
     return t
+
+
+def shared_constant(constant) -> NkiTensor:
+    """A read-only shared_hbm tensor holding `constant` (a NumPy array or the path of a .npy file).
+
+    The data is part of the compiled kernel, loaded once at model load: both cores of an LNC=2
+    launch read the same values, and kernels cannot write it.
+    """
+    if isinstance(constant, (str, bytes)) or hasattr(constant, "__fspath__"):
+        import numpy  # only .npy constants need NumPy
+
+        constant = numpy.load(constant)
+    if not _is_numpy_array(constant):
+        raise NkiError(f"nl.shared_constant: expects a NumPy array or a .npy path, got {type(constant).__name__}")
+    dtype = dtypes.as_dtype(constant.dtype)
+    if dtype.kind not in ("float", "int", "mx") or not dtype.on_chip:
+        raise NkiError(f"nl.shared_constant: unsupported element type {dtype.name}")
+    values = torch.from_numpy(constant.copy()) if dtype.storage.itemsize == constant.dtype.itemsize and \
+        constant.dtype.kind in "fiu" and dtype.name == constant.dtype.name else \
+        torch.from_numpy(constant.astype("float32")).to(dtype.storage)
+    return NkiTensor(values, dtype, shared_hbm, tensors.Allocation(values, readonly=True), "shared_constant")
+
+
+def _is_numpy_array(value) -> bool:
+    return type(value).__module__ == "numpy" and type(value).__name__ == "ndarray"
 
 
 def _trace_constant_load(t):
@@ -184,7 +232,7 @@ def affine_range(*args, **kwargs):
     return range(*args)
 
 
-sequential_range = static_range = dynamic_range = affine_range
+sequential_range = static_range = affine_range
 
 
 # ---------------------------------------------------------------------------- elementwise math

@@ -8,9 +8,10 @@ tensors (or a tuple / list of them, or an argument); each becomes the torch tens
 holds it, in its NKI dtype (uint32 comes back as int64, the storage torch can compute on;
 in NumPy mode bf16 / fp8 / uint16 outputs come back as float32 arrays).
 
-`kernel[grid](...)` runs the programs of the grid one after another, each with its own
-`nl.program_id`, its own SBUF/PSUM and ScalarE registers, and the same shared_hbm
-outputs (the k-th shared_hbm allocation of every program is one tensor).
+`kernel[grid](...)` runs the programs of the grid one after another (switching only at
+core_barrier / sendrecv, see cores.py), each with its own `nl.program_id`, its own
+SBUF/PSUM and ScalarE registers, and the same shared_hbm outputs (the k-th shared_hbm
+allocation of every program is one tensor).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import os
 
 import torch
 
-from . import context, rules
+from . import cores, rules
 from .errors import NkiError
 from .targets import get_target
 from .tensor import NkiTensor, wrap_hbm
@@ -44,6 +45,9 @@ class Kernel:
             raise NkiError(f"{self.func.__name__}[{grid}]: a grid is one or more positive ints")
         return Kernel(self.func, grid, self.platform_target)
 
+    @torch._dynamo.disable(reason="an NKI kernel called directly in code torch.compile traces runs eagerly (a "
+                                  "graph break); register the function calling it with neuron_inductor.nki_op and "
+                                  "call the kernel through wrap_nki to make it a kernel of the compiled program")
     def __call__(self, *args, **kwargs):
         return run(self.func, self.grid, args, kwargs, self.platform_target)
 
@@ -72,22 +76,11 @@ def run(func, grid, args, kwargs, platform_target=None):
     args = tuple(_wrap(a) for a in args)
     kwargs = {k: _wrap(v) for k, v in kwargs.items()}
     target = get_target(platform_target)
-    shared = context.SharedOutputs()
-    result = None
     threads, previous_threads = _kernel_threads(), torch.get_num_threads()
     if threads and threads != previous_threads:
         torch.set_num_threads(threads)
     try:
-        for index, program_id in enumerate(itertools.product(*(range(g) for g in grid))):
-            shared.restart()
-            program = context.ProgramContext(target, program_id, grid, func.__name__, shared)
-            context.push(program)
-            try:
-                returned = func(*args, **kwargs)
-            finally:
-                context.pop()
-            if index == 0:
-                result = returned
+        result = cores.run_programs(func, args, kwargs, target, grid, func.__name__)
     finally:
         if threads and threads != previous_threads:
             torch.set_num_threads(previous_threads)

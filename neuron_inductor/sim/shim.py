@@ -1,7 +1,8 @@
 """Run kernel files written for real NKI: `import nki` resolves to the interpreter inside `as_nki()`.
 
-Inside the block, `nki`, `nki.language` and `nki.isa` in sys.modules are this package's
-modules; on exit every `nki*` entry is put back as it was, so an installed real `nki`
+Inside the block, `nki`, `nki.language`, `nki.isa`, `nki.isa.constants`, `nki.dtype`,
+`nki.typing` and the legacy `neuronxcc.nki.typing` in sys.modules are this package's
+modules; on exit every such entry is put back as it was, so an installed real `nki`
 is never shadowed outside the block (kernels defined inside keep the interpreter's
 modules they imported).
 """
@@ -11,16 +12,31 @@ from __future__ import annotations
 import builtins
 import contextlib
 import linecache
+import re
 import sys
+import types
 
-from . import isa, language, nki_api
+import types
+
+from . import dtypes, isa, isa_constants, language, nki_api, typing_api
 from .launch import Kernel
 
-_FACADE = {"nki": nki_api, "nki.language": language, "nki.isa": isa}
+isa.constants = isa_constants  # `from nki.isa import constants`
+
+# The legacy neuronxcc.nki namespace: some kernels still import its typing module.
+_legacy_nki = types.ModuleType("neuronxcc.nki")
+_legacy_nki.typing = typing_api
+_legacy = types.ModuleType("neuronxcc")
+_legacy.nki = _legacy_nki
+
+_FACADE = {"nki": nki_api, "nki.language": language, "nki.isa": isa, "nki.isa.constants": isa_constants,
+           "nki.dtype": dtypes, "nki.typing": typing_api,
+           "neuronxcc": _legacy, "neuronxcc.nki": _legacy_nki, "neuronxcc.nki.typing": typing_api}
+_ROOTS = ("nki", "neuronxcc")
 
 
 def _nki_entries() -> list[str]:
-    return [name for name in sys.modules if name == "nki" or name.startswith("nki.")]
+    return [name for name in sys.modules if name in _ROOTS or name.startswith(("nki.", "neuronxcc."))]
 
 
 @contextlib.contextmanager
@@ -35,14 +51,24 @@ def as_nki():
         sys.modules.update(saved)
 
 
+def loaded_module_name(filename: str) -> str:
+    return "neuron_inductor.sim.loaded." + (re.sub(r"\W+", "_", filename).strip("_") or "source")
+
+
 def load_kernels(source: str, filename: str) -> dict[str, Kernel]:
     """Exec NKI source under as_nki() and return its jit kernels by name.
 
-    The source is registered with linecache so tracebacks show the kernel's lines.
+    The source is registered with linecache so tracebacks (and `inspect.getsource`) show the kernel's
+    lines, and it runs as a module in sys.modules (one per filename; loading the same filename again
+    replaces it): tools that look up a function's module by name (Dynamo, pickle, torch.library)
+    find it.
     """
     code = compile(source, filename, "exec")
     linecache.cache[filename] = (len(source), None, source.splitlines(keepends=True), filename)
-    namespace = {"__name__": "__nki_kernels__", "__file__": filename, "__builtins__": builtins}
+    module = types.ModuleType(loaded_module_name(filename))
+    module.__file__ = filename
+    module.__dict__["__builtins__"] = builtins
+    sys.modules[module.__name__] = module
     with as_nki():
-        exec(code, namespace)
-    return {name: value for name, value in namespace.items() if isinstance(value, Kernel)}
+        exec(code, module.__dict__)
+    return {name: value for name, value in vars(module).items() if isinstance(value, Kernel)}

@@ -17,12 +17,14 @@ accumulate rules: a flag for "none" / "all" and a bool mask only while partially
 
 from __future__ import annotations
 
+import contextlib
 import operator
 
 import torch
 
 from . import dtypes, rules
 from .errors import NkiError, NkiIndexError
+from .views import ViewMethods
 
 
 class Buffer:
@@ -76,14 +78,30 @@ _RECYCLE_MAX_ELEMENTS = 1 << 23  # don't hold on to tiles bigger than 32 MiB of 
 
 def _recycle(storage: torch.Tensor) -> None:
     # Storage made under torch.inference_mode() cannot be written outside it: not reusable.
-    if storage.numel() <= _RECYCLE_MAX_ELEMENTS and not storage.is_inference():
+    if storage.numel() <= _RECYCLE_MAX_ELEMENTS and not storage.is_inference() and not storage.is_meta:
         bucket = _RECYCLED.setdefault((tuple(storage.shape), storage.dtype), [])
         if len(bucket) < _RECYCLE_PER_KEY:
             bucket.append(storage)
 
 
+_shape_runs = 0  # > 0 while shapes_only() is active: every allocation is a meta tensor
+
+
+@contextlib.contextmanager
+def shapes_only():
+    """Kernels called inside run only their shape logic: all memory is on the meta device (no data,
+    no math); rules on shapes, dtypes and capacity still apply. HBM arguments must be meta tensors."""
+    global _shape_runs
+    _shape_runs += 1
+    try:
+        with torch.device("meta"):
+            yield
+    finally:
+        _shape_runs -= 1
+
+
 def _fresh_storage(shape, dtype: torch.dtype, fill) -> torch.Tensor:
-    bucket = _RECYCLED.get((shape, dtype))
+    bucket = _RECYCLED.get((shape, dtype)) if not _shape_runs else None
     if bucket:
         return bucket.pop().fill_(fill)
     return torch.full(shape, fill, dtype=dtype)
@@ -106,7 +124,7 @@ def ds(start, size) -> DynSlice:
     return DynSlice(start, size)
 
 
-class NkiTensor:
+class NkiTensor(ViewMethods):
     __slots__ = ("data", "dtype", "buffer", "alloc", "name")
 
     def __init__(self, data: torch.Tensor, dtype: dtypes.NkiDtype, buffer: Buffer, alloc: Allocation, name: str = ""):
@@ -174,27 +192,102 @@ class NkiTensor:
             rules.reshape_keeps_partitions(data.shape[0], view.shape[0])
         return NkiTensor(view, new, self.buffer, self.alloc, self.name)
 
-    def ap(self, pattern, offset=0, scalar_offset=None, vector_offset=None, indirect_dim=0) -> NkiTensor:
-        """An access pattern [[stride, count], ...] in elements over the whole allocation (not this view).
+    def ap(self, pattern, offset=None, scalar_offset=None, vector_offset=None, indirect_dim=0, dtype=None) -> NkiTensor:
+        """An explicit access pattern [[stride, count], ...] over the allocation (torch.as_strided).
 
-        On-chip, the first pair is the partition dim and its stride is the allocation's
-        free size. Gathers (scalar_offset / vector_offset) are not modelled.
+        Strides, counts and `offset` count elements of `dtype` (default: this tensor's), and
+        `offset` is added to this view's first element (None and 0 keep it). Addresses are
+        row-major over the allocation: on-chip, element e is partition e // F, column e % F
+        (F = the allocation's free size), so the first pair is the partition dim with stride F.
+        scalar_offset / vector_offset make an indirect view of an HBM tensor (indirect.py) for dma_copy.
         """
-        if scalar_offset is not None or vector_offset is not None:
-            raise NkiError("NkiTensor.ap: scalar_offset / vector_offset gathers are not modelled by the interpreter")
-        storage = self.alloc.storage
-        if not storage.is_contiguous() or self.data.dtype is not storage.dtype:
-            raise NkiError("NkiTensor.ap needs a contiguous tensor in its own dtype")
+        new = self.dtype if dtype is None else dtypes.as_dtype(dtype)
         strides = [operator.index(stride) for stride, _ in pattern]
         sizes = [operator.index(count) for _, count in pattern]
-        if self.buffer.on_chip and strides and storage.dim() > 1 and strides[0] != storage.stride(0):
+        extra = 0 if offset is None else operator.index(offset)
+        if self.buffer.on_chip and self.alloc.storage.dim() > 1:
+            if scalar_offset is not None or vector_offset is not None:
+                raise NkiError("NkiTensor.ap: indirect access patterns (scalar_offset / vector_offset) on on-chip "
+                               "tiles are not modelled; index an HBM tensor")
+            return self._on_chip_ap(pattern, new, extra, strides, sizes)
+        flat, base, alloc = self._flat_storage(new)
+        base += extra
+        if scalar_offset is not None or vector_offset is not None:
+            from . import indirect  # indirect views subclass NkiTensor
+
+            owner = self if alloc is self.alloc else NkiTensor(alloc.storage, self.dtype, self.buffer, alloc, self.name)
+            return indirect.make(owner, flat, sizes, strides, base, new, scalar_offset, vector_offset, indirect_dim)
+        last = base + sum((n - 1) * s for s, n in zip(strides, sizes))
+        if base < 0 or min(strides, default=0) < 0 or last >= flat.numel():
+            return OutOfBoundsView(self, new, sizes, f"access pattern {pattern} at element {base} leaves the "
+                                   f"{flat.numel()}-element tensor")
+        view = flat.as_strided(sizes, strides, flat.storage_offset() + base)
+        return NkiTensor(view, new, self.buffer, alloc, self.name)
+
+    def _on_chip_ap(self, pattern, new, extra, strides, sizes):
+        """ap on a tile: row-major element addresses mapped onto its [P, F] storage rows (which are
+        strided views of the buffer for address= tiles)."""
+        self._check_real_storage(new)
+        storage = self.alloc.storage
+        rows = _rows(storage)
+        itemsize = self.dtype.itemsize
+        into = self.data.storage_offset() - storage.storage_offset()  # elements, in storage's own row stride
+        row, column = divmod(into, rows.stride(0))
+        first = (row * rows.shape[1] + column) * itemsize  # bytes from the tile's start, row-major
+        if new is not self.dtype:
+            try:
+                rows = rows.view(new.storage)
+            except RuntimeError as error:
+                raise NkiError(f"NkiTensor.ap(dtype={new!r}) of a {self.dtype!r} tile: {error}") from None
+        if first % new.itemsize:
+            raise NkiError(f"NkiTensor.ap(dtype={new!r}): the view starts {first} B into the tile, "
+                           f"not a multiple of {new.itemsize} B")
+        base = first // new.itemsize + extra
+        partitions, free = rows.shape
+        if strides and strides[0] != free:
             rules.fail("NkiTensor.ap", "partition stride = allocation free size", strides[0],
-                       f"partition stride {strides[0]}, expected {storage.stride(0)}")
-        last = offset + sum((n - 1) * s for s, n in zip(strides, sizes))
-        if offset < 0 or min(strides, default=0) < 0 or last >= storage.numel():
-            raise NkiIndexError(f"access pattern {pattern} at offset {offset} leaves the {storage.numel()}-element tensor")
-        view = storage.as_strided(sizes, strides, storage.storage_offset() + offset)
-        return NkiTensor(view, self.dtype, self.buffer, self.alloc, self.name)
+                       f"partition stride {strides[0]}, expected {free}")
+        first_row, column = divmod(base, free) if base >= 0 else (-1, 0)
+        in_row = column + sum((n - 1) * s for s, n in zip(strides[1:], sizes[1:]))
+        last_row = first_row + (sizes[0] - 1 if sizes else 0)
+        if first_row < 0 or min(strides, default=0) < 0 or last_row >= partitions or in_row >= free:
+            return OutOfBoundsView(self, new, sizes, f"access pattern {pattern} at element {base} leaves the "
+                                   f"[{partitions}, {free}] tile")
+        physical = [rows.stride(0)] + strides[1:] if strides else []
+        view = rows.as_strided(sizes, physical, rows.storage_offset() + first_row * rows.stride(0) + column)
+        return NkiTensor(view, new, self.buffer, self.alloc, self.name)
+
+    def _check_real_storage(self, new):
+        storage = self.alloc.storage
+        if storage.dtype is not self.dtype.storage or (new is not self.dtype and new.storage.itemsize != new.itemsize):
+            raise NkiError(f"NkiTensor.ap on a {self.dtype!r} tensor needs real-dtype storage "
+                           f"(unset {dtypes.FP32_STORAGE_ENV}; uint32 has none)")
+
+    def _flat_storage(self, new):
+        """(storage as 1-D elements of dtype `new`, this view's first element in it, its Allocation)."""
+        self._check_real_storage(new)
+        storage = self.alloc.storage
+        alloc = self.alloc
+        if not storage.is_contiguous():
+            data = self.data
+            if self.buffer.on_chip or data.shape != storage.shape or data.stride() != storage.stride():
+                raise NkiError("NkiTensor.ap needs a contiguous allocation (or a whole strided kernel argument)")
+            # A strided kernel argument: HBM is row-major on the device, so address a row-major copy (read-only).
+            storage = storage.contiguous()
+            alloc = Allocation(storage, readonly=True)
+        flat = storage.reshape(-1)
+        first = self.data.storage_offset() - storage.storage_offset() if alloc is self.alloc else 0
+        if new is not self.dtype:
+            try:
+                flat = flat.view(new.storage)
+            except RuntimeError as error:
+                raise NkiError(f"NkiTensor.ap(dtype={new!r}) of a {self.dtype!r} tensor: {error}") from None
+            first_bytes = first * self.dtype.itemsize
+            if first_bytes % new.itemsize:
+                raise NkiError(f"NkiTensor.ap(dtype={new!r}): the view starts {first_bytes} B in, "
+                               f"not a multiple of {new.itemsize} B")
+            first = first_bytes // new.itemsize
+        return flat, first, alloc
 
     def start_partition(self) -> int:
         """First partition an on-chip view touches."""
@@ -205,6 +298,45 @@ class NkiTensor:
         storage = self.alloc.storage
         partition_bytes = storage.stride(0) * storage.element_size() if storage.dim() else 1
         return offset * data.element_size() // partition_bytes
+
+
+class OutOfBoundsView(NkiTensor):
+    """An access pattern outside its tensor. Building one is allowed (kernels build patterns they then
+    skip with a bounds test, as the compiler allows); any instruction that reads or writes it raises."""
+
+    __slots__ = ("sizes", "problem")
+
+    def __init__(self, owner, dtype, sizes, problem):
+        self.dtype = dtype
+        self.buffer = owner.buffer
+        self.alloc = owner.alloc
+        self.name = owner.name
+        self.sizes = tuple(sizes)
+        self.problem = problem
+
+    @property
+    def data(self):
+        raise NkiIndexError(self.problem)
+
+    @property
+    def shape(self) -> tuple:
+        return self.sizes
+
+    @property
+    def ndim(self) -> int:
+        return len(self.sizes)
+
+    def __repr__(self):
+        return f"OutOfBoundsView({list(self.sizes)}, {self.dtype!r}: {self.problem})"
+
+
+def _rows(storage):
+    """A [P, F] view of a tile whose free dims are contiguous within each partition (an address= tile)."""
+    flat_free = storage.numel() // storage.shape[0]
+    try:
+        return storage.view(storage.shape[0], flat_free)
+    except RuntimeError:
+        raise NkiError("NkiTensor.ap needs the tile's free dims contiguous within each partition") from None
 
 
 def _resolve_reshape(shape, numel):
@@ -291,18 +423,20 @@ def wrap_hbm(value: torch.Tensor, name: str = "") -> NkiTensor:
 
 def written_mask(t: NkiTensor) -> torch.Tensor:
     data = t.data
-    return t.alloc.mask.as_strided(data.size(), data.stride(), data.storage_offset())
+    return t.alloc.mask.as_strided(data.size(), data.stride(), data.storage_offset() - t.alloc.storage.storage_offset())
 
 
 def mark_written(t: NkiTensor) -> None:
     alloc = t.alloc
     if alloc.written == WRITTEN:
         return
-    if t.data.numel() == alloc.storage.numel():
+    if t.data.numel() == alloc.storage.numel() or alloc.storage.is_meta:  # (meta: no values to track)
         alloc.written, alloc.mask = WRITTEN, None
         return
-    if alloc.mask is None:
-        alloc.mask = torch.zeros(alloc.storage.shape, dtype=torch.bool)
+    if alloc.mask is None:  # laid out like the storage (address= tiles are strided views of the buffer)
+        storage = alloc.storage
+        extent = 1 + sum((n - 1) * st for n, st in zip(storage.shape, storage.stride()))
+        alloc.mask = torch.zeros(extent, dtype=torch.bool).as_strided(storage.shape, storage.stride())
     written_mask(t).fill_(True)
     alloc.written = PARTLY_WRITTEN
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Callable, Protocol
+from typing import Any, Callable, Protocol
 
 log = logging.getLogger("neuron_inductor")
 
@@ -22,6 +22,9 @@ class Toolchain(Protocol):
 
     def build(self, sources: dict[str, str]) -> dict[str, Callable]:
         """Compile each kernel's standalone source; returns the kernels by name."""
+
+    def adopt(self, kernel: Any) -> Callable:
+        """A user's `@nki.jit` kernel (made by this toolchain's nki or the other's) as this toolchain runs it."""
 
 
 def neuron_device_present() -> bool:

@@ -8,7 +8,7 @@ kernels with device tensors, exactly as the interpreter does on CPU.
 from __future__ import annotations
 
 import importlib.util
-from typing import Callable
+from typing import Any, Callable
 
 
 class ToolchainUnavailable(RuntimeError):
@@ -35,6 +35,7 @@ class NeuronToolchain:
             raise ToolchainUnavailable(
                 "NEURON_INDUCTOR_TOOLCHAIN=neuron needs the real `nki` package (Neuron SDK >= 2.29) on a "
                 "Trainium host; it is not importable here. Use NEURON_INDUCTOR_TOOLCHAIN=simulator.")
+        self._adopted: dict[Callable, Callable] = {}
 
     def build(self, sources: dict[str, str]) -> dict[str, Callable]:
         kernels: dict[str, Callable] = {}
@@ -43,3 +44,16 @@ class NeuronToolchain:
             exec(compile(source, f"<neuron_inductor kernel {name}>", "exec"), namespace)
             kernels[name] = namespace[name]
         return kernels
+
+    def adopt(self, kernel: Any) -> Callable:
+        """The real nki.jit kernel: the kernel itself when the real nki.jit made it, else rebuilt from its
+        file's source with the real nki importable."""
+        from ..nki_ops.sources import rebuild, uses_real_nki
+
+        func = kernel.func
+        if uses_real_nki(func):
+            return kernel
+        rebuilt = self._adopted.get(func)
+        if rebuilt is None:
+            rebuilt = self._adopted[func] = rebuild(func, {"__name__": f"neuron_inductor_user_kernel_{func.__name__}"})
+        return rebuilt

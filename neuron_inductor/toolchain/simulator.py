@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable
 
 from .. import sim
 
@@ -15,3 +15,8 @@ class SimulatorToolchain:
         for name, source in sources.items():
             kernels[name] = sim.load_kernels(source, f"<neuron_inductor kernel {name}>")[name]
         return kernels
+
+    def adopt(self, kernel: Any) -> Callable:
+        from ..nki_ops.sources import interpreter_kernel
+
+        return interpreter_kernel(kernel)

@@ -131,9 +131,11 @@ def test_access_pattern_rules():
     @sim.jit
     def out_of_range():
         t = nl.ndarray((128, 64), nl.float32)
-        t.ap([[64, 128], [1, 65]])
+        view = t.ap([[64, 128], [1, 65]])  # building it is allowed (kernels guard its use) ...
+        assert view.shape == (128, 65)
+        nisa.memset(view, 0.0)  # ... using it is not
 
-    with pytest.raises(sim.NkiIndexError):
+    with pytest.raises(sim.NkiIndexError, match="leaves"):
         out_of_range()
 
 
@@ -155,3 +157,77 @@ def test_slicing_matches_torch(case):
     x = torch.arange(int(torch.tensor(shape).prod()), dtype=torch.float32).reshape(shape)
     expected = x[index]
     assert torch.equal(copy_view(lambda t: t[index], tuple(expected.shape))(x), expected)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_nki_0_4_view_methods(dtype):
+    x = torch.randn(16, 4, 6).to(dtype)
+
+    def run(make_view, shape):
+        return copy_view(make_view, shape, dtype)(x)
+
+    assert torch.equal(run(lambda t: t.permute((0, 2, 1)), (16, 6, 4)), x.permute(0, 2, 1))
+    assert torch.equal(run(lambda t: t[:, 0:1, :].broadcast(1, 3), (16, 3, 6)), x[:, 0:1].expand(16, 3, 6))
+    assert torch.equal(run(lambda t: t.expand_dim(1).squeeze_dim(1), (16, 4, 6)), x)
+    assert torch.equal(run(lambda t: t.flatten_dims(1, 2).reshape_dim(1, (2, -1)), (16, 2, 12)), x.reshape(16, 2, 12))
+    assert torch.equal(run(lambda t: t.slice(2, 1, 6, 2), (16, 4, 3)), x[:, :, 1:6:2])
+    assert torch.equal(run(lambda t: t.select(1, 2), (16, 6)), x[:, 2])
+    assert torch.equal(run(lambda t: t.rearrange(("p", "a", ("b", "c")), ("p", "c", ("a", "b")), {"b": 2}),
+                           (16, 3, 8)), x.reshape(16, 4, 2, 3).permute(0, 3, 1, 2).reshape(16, 3, 8))
+
+
+def test_view_methods_keep_the_partition_dim():
+    @sim.jit
+    def kernel():
+        t = nl.ndarray((16, 4), nl.float32)
+        assert t.is_contiguous() and not t.is_indirect() and t.get_pattern() == [[4, 16], [1, 4]]
+        assert not t[:, 0:4:2].is_contiguous() and t.strides == (4, 1) and t.size == 64
+        with pytest.raises(sim.NkiError, match="partition"):
+            t.permute((1, 0))
+        with pytest.raises(sim.NkiError, match="partition"):
+            t.select(0, 1)
+        with pytest.raises(sim.NkiError, match="partition"):
+            t.rearrange(("p", "f"), ("f", "p"))
+        with pytest.raises(sim.NkiError, match="not contiguous"):
+            nl.ndarray((16, 2, 4), nl.float32).permute((0, 2, 1)).flatten_dims(1, 2)
+        with pytest.raises(sim.NkiError, match="dynamic"):
+            t.select(1, nl.ndarray((1, 1), nl.int32))
+
+    kernel()
+
+
+def test_dynamic_select_reads_the_row_an_index_tile_names():
+    x = torch.randn(5, 8, 3)
+
+    @sim.jit
+    def kernel(src, which):
+        index = nl.ndarray((1, 1), nl.int32)
+        nisa.dma_copy(dst=index, src=which)
+        row = src.select(0, index)
+        assert row.is_indirect() and row.shape == (8, 3)
+        t = nl.ndarray((8, 3), nl.float32)
+        nisa.dma_copy(dst=t, src=row)
+        out = nl.ndarray((8, 3), nl.float32, buffer=nl.shared_hbm)
+        nisa.dma_copy(dst=out, src=t)
+        return out
+
+    assert torch.equal(kernel(x, torch.tensor([[3]], dtype=torch.int32)), x[3])
+
+
+def test_vector_select_gathers_one_row_per_partition():
+    x = torch.randn(9, 4, 5)
+    rows = torch.tensor([[8], [0], [3]], dtype=torch.int32)
+
+    @sim.jit
+    def kernel(src, idx_hbm):
+        idx = nl.ndarray((3, 1), nl.int32)
+        nisa.dma_copy(dst=idx, src=idx_hbm)
+        view = src.vector_select(0, idx)
+        assert view.shape == (3, 4, 5)
+        t = nl.ndarray((3, 4, 5), nl.float32)
+        nisa.dma_copy(dst=t, src=view)
+        out = nl.ndarray((3, 4, 5), nl.float32, buffer=nl.shared_hbm)
+        nisa.dma_copy(dst=out, src=t)
+        return out
+
+    assert torch.equal(kernel(x, rows), x[rows[:, 0].long()])
