@@ -435,10 +435,12 @@ class Worker:
 
 def run_pool(tasks: list[tuple[str, str]], workers: int, timeout: float, log_dir: Path, script: str = __file__,
              lost_row: Callable[[str, str, str], dict] = _lost_row,
-             describe: Callable[[dict], str] | None = None) -> dict[tuple[str, str], dict]:
+             describe: Callable[[dict], str] | None = None,
+             stop_after: float | None = None) -> dict[tuple[str, str], dict]:
     """Run every (name, variant) task in a pool of `script --worker` processes that share one compile
     cache under `log_dir`; one progress line per task (`describe(row)`, default `row_summary`).
-    Returns the row of each task."""
+    Returns the row of each task; with `stop_after` (seconds), tasks not started by then are left out."""
+    deadline = time.monotonic() + stop_after if stop_after is not None else None
     describe = describe or row_summary
     workers = max(1, min(workers, len(tasks)))
     env = {**os.environ, "NEURON_INDUCTOR_CACHE_DIR": str(log_dir / "cache"), "PYTHONUNBUFFERED": "1"}
@@ -452,6 +454,8 @@ def run_pool(tasks: list[tuple[str, str]], workers: int, timeout: float, log_dir
         worker = Worker(log_dir / f"worker{slot}.log", env, script, lost_row)
         try:
             while True:
+                if deadline is not None and time.monotonic() > deadline:
+                    return
                 try:
                     name, variant = pending.get_nowait()
                 except queue.Empty:

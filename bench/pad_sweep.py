@@ -403,6 +403,9 @@ def markdown(run: dict) -> str:
     records = run["records"]
     definitions = __doc__.split("\n\n", 2)[2].strip()
     origin = f"commit {run['commit']}, {run['seconds'] / 60:.0f} min"
+    if run.get("not_reached"):
+        origin += (f"; {len(run['not_reached'])} more ops were not reached within the time limit: "
+                   f"{', '.join(run['not_reached'])}")
     if run.get("rechecked"):
         origin = (f"the {len(run['rechecked'])} ops that did not pass padded in every mode at commit "
                   f"{run['base_commit']} re-checked at {origin}; the other records are from {run['base_commit']}")
@@ -435,10 +438,12 @@ def commit() -> str:
     return head + ("+changes" if dirty else "")
 
 
-def sweep(names: list[str], workers: int, timeout: float, log_dir: Path) -> list[dict]:
+def sweep(names: list[str], workers: int, timeout: float, log_dir: Path, minutes: float | None = None) -> list[dict]:
+    """One record per op, in `names` order; with `minutes`, ops not started by then are left out."""
     rows = opinfo.run_pool([(name, "float32") for name in names], workers, timeout, log_dir, script=__file__,
-                           lost_row=lost_row, describe=row_summary)
-    return [{"op": name, "row": rows[name, "float32"]} for name in names]
+                           lost_row=lost_row, describe=row_summary,
+                           stop_after=minutes * 60 if minutes is not None else None)
+    return [{"op": name, "row": rows[name, "float32"]} for name in names if (name, "float32") in rows]
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -448,6 +453,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--timeout", type=float, default=TIMEOUT_SECONDS, help="seconds per op")
     parser.add_argument("--json", type=Path, help="also write every record to this JSON file")
+    parser.add_argument("--minutes", type=float, help="start no op after this many minutes (in --op order); "
+                                                      "the report names the ops not reached")
     parser.add_argument("--tables-from", type=Path, help="print and write the tables of an earlier --json run")
     parser.add_argument("--recheck", type=Path, help="re-run the ops of an earlier --json run that did not pass "
                                                      "padded in every mode; the report merges both runs")
@@ -472,8 +479,9 @@ def main(argv: list[str] | None = None) -> None:
     log_dir = Path(tempfile.mkdtemp(prefix="pad_sweep_"))
     print(f"worker logs and compile cache: {log_dir}", flush=True)
     start = time.perf_counter()
-    records = sweep(names, args.workers, args.timeout, log_dir)
-    run = {"records": records, "seconds": time.perf_counter() - start, "commit": commit()}
+    records = sweep(names, args.workers, args.timeout, log_dir, args.minutes)
+    run = {"records": records, "seconds": time.perf_counter() - start, "commit": commit(),
+           "not_reached": [name for name in names if name not in {r["op"] for r in records}]}
     print(f"{len(records)} ops in {run['seconds'] / 60:.1f} min")
     if base is not None:
         rechecked = {r["op"]: r for r in records}
@@ -484,7 +492,7 @@ def main(argv: list[str] | None = None) -> None:
         print(table + "\n")
     if args.json:
         args.json.write_text(json.dumps(run, indent=1))
-    if base is not None or (args.op is None and args.limit is None):
+    if base is not None or (args.op is None and args.limit is None) or args.minutes is not None:
         TABLE_FILE.write_text(markdown(run))
 
 

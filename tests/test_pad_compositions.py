@@ -14,8 +14,8 @@ run on the host). fp32, rtol = atol = 1e-5.
 - Random programs (hypothesis): a placement, then a reduction / mask / attention; a few fixed
   examples by default, many under `--runslow`.
 
-Known pad-safety bugs are strict xfails naming the bug (PAD_BUGS): a fix makes them fail until the
-marker is removed.
+Known pad-safety bugs are strict xfails naming the bug (KNOWN_BAD_PROGRAMS): a fix makes them fail
+until the entry is removed.
 """
 
 from __future__ import annotations
@@ -33,9 +33,6 @@ from hypothesis import strategies as st
 OPTIONS = {"buckets": "8", "fallback": "allow"}
 LENGTHS = (5, 6, 8, 9)  # dynamic=False runs the first exactly; then below a boundary, at it, just above
 BATCH, HEADS, FEATURES = 2, 2, 4
-
-CAT_BUG = ("issue 13: cat along a padded dim writes the inputs after a padded one behind its padding "
-           "(pad_safety.ROW_LOCAL lists aten.cat whatever the cat dim)")
 
 
 def _close(actual, expected) -> None:
@@ -93,7 +90,6 @@ class Pattern:
     fn: Callable
     make: Callable
     padded: dict[str, int]
-    bug: str | None = None  # the known pad-safety bug that breaks it
 
 
 def _append(past_k, past_v, k, v, q):
@@ -116,19 +112,18 @@ def _prefill_chunk(past_k, past_v, k, v, q):
 CACHE_PADDED = {"past_k": 2, "past_v": 2}
 SEQS_PADDED = {"x": 1, "y": 1}
 PATTERNS = {
-    "kv_append_one": Pattern(_append, _cache, CACHE_PADDED, CAT_BUG),
-    "kv_append_k": Pattern(_append, lambda n, g: _cache(n, g, new=3), CACHE_PADDED, CAT_BUG),
-    "kv_decode_step_sdpa": Pattern(_decode, _cache, CACHE_PADDED, CAT_BUG),
-    "kv_prefill_chunk_masked_sdpa": Pattern(_prefill_chunk, lambda n, g: _cache(n, g, new=3), CACHE_PADDED,
-                                            CAT_BUG),
+    "kv_append_one": Pattern(_append, _cache, CACHE_PADDED),
+    "kv_append_k": Pattern(_append, lambda n, g: _cache(n, g, new=3), CACHE_PADDED),
+    "kv_decode_step_sdpa": Pattern(_decode, _cache, CACHE_PADDED),
+    "kv_prefill_chunk_masked_sdpa": Pattern(_prefill_chunk, lambda n, g: _cache(n, g, new=3), CACHE_PADDED),
     "padded_first": Pattern(lambda x, y, a, b: (torch.cat([x, a, b], 1), torch.cat([x, a, b], 1).mean(1)), _seqs,
-                            {"x": 1}, CAT_BUG),
+                            {"x": 1}),
     "padded_middle": Pattern(lambda x, y, a, b: (torch.cat([a, x, b], 1), torch.cat([a, x, b], 1).amax(1)), _seqs,
-                             {"x": 1}, CAT_BUG),
+                             {"x": 1}),
     "padded_last": Pattern(lambda x, y, a, b: (torch.cat([a, b, x], 1), torch.cat([a, b, x], 1).softmax(1)), _seqs,
                            {"x": 1}),
-    "two_padded": Pattern(lambda x, y, a, b: torch.cat([x, y], 1).cumsum(1), _seqs, SEQS_PADDED, CAT_BUG),
-    "two_padded_around_static": Pattern(lambda x, y, a, b: torch.cat([x, b, y], 1), _seqs, SEQS_PADDED, CAT_BUG),
+    "two_padded": Pattern(lambda x, y, a, b: torch.cat([x, y], 1).cumsum(1), _seqs, SEQS_PADDED),
+    "two_padded_around_static": Pattern(lambda x, y, a, b: torch.cat([x, b, y], 1), _seqs, SEQS_PADDED),
     "cat_on_unpadded_dim": Pattern(lambda x, y, a, b: torch.cat([x, y], 2).softmax(1), _seqs, SEQS_PADDED),
     "stack_then_reduce": Pattern(lambda x, y, a, b: torch.stack([x, y], 1).sum(2), _seqs, SEQS_PADDED),
 }
@@ -137,11 +132,9 @@ FAST = {"kv_append_one", "kv_decode_step_sdpa", "padded_last", "cat_on_unpadded_
 
 
 def _pattern_params():
-    for name, pattern in PATTERNS.items():
+    for name in PATTERNS:
         for mode in MODES:
             marks = [] if name in FAST and mode == "marked" else [pytest.mark.slow]
-            if pattern.bug:
-                marks.append(pytest.mark.xfail(reason=pattern.bug, strict=True))
             yield pytest.param(name, mode, marks=marks, id=f"{name}-{mode}")
 
 
@@ -205,33 +198,20 @@ FINISHERS = {
     "identity": lambda t: t,
 }
 
-NEGATIVE_INDEX_BUG = ("issue 13: advanced indexing with a negative constant index along a padded dim counts it from "
-                      "the bucket's end, not the real end (aten.index.Tensor is in pad_safety.ROW_LOCAL)")
 NARROW_END_OUTPUT_BUG = ("issue 13: x.narrow(1, n - 3, 3) returned as a graph output gives rows from the padding "
                          "(a slice view at a size-derived start leaves the graph uncorrected)")
-LAST_QUERY_SDPA_BUG = ("issue 13: attention whose query is the last row of a padded dim (q = t[:, None, -1:], a decode "
-                       "step) crashes in pad_safety's attention rule: AttributeError: 'NoneType' object has no "
-                       "attribute 'dtype' (tensor_val(query) of a rewritten node)")
 COMPUTED_POSITIONS_BUG = ("issue 13: index_select at positions computed from the padded size (arange(n - 1, -1, -1)) "
                           "takes the padded rows first (arange over a symbolic size counts the bucket, and "
                           "aten.index_select is in pad_safety.ROW_LOCAL)")
-NARROW_END_REDUCE_BUG = ("issue 13: a reduction over x.narrow(1, n - 3, 3) (or x[:, -3:]) crashes in "
-                         "pad_safety.mask_for: AttributeError: 'NoneType' object has no attribute 'dim'")
 
 # Placements and finishers a known pad-safety bug breaks: the random programs leave them out until
 # it is fixed (then the entry goes); KNOWN_BAD_PROGRAMS keeps strict xfails for each bug.
-KNOWN_BAD_STEPS = {"cat(x, a)": CAT_BUG, "cat(b, x, a)": CAT_BUG, "cat(x, y)": CAT_BUG,
-                   "x[:, [0, -1]]": NEGATIVE_INDEX_BUG, "narrow(x, 1, n-3, 3)": NARROW_END_REDUCE_BUG,
-                   "sdpa last query": LAST_QUERY_SDPA_BUG,
+KNOWN_BAD_STEPS = {"narrow(x, 1, n-3, 3)": NARROW_END_OUTPUT_BUG,
                    "index_select(x, reversed positions)": COMPUTED_POSITIONS_BUG}
 KNOWN_BAD_PROGRAMS = {
-    ("cat(x, a)", "identity"): CAT_BUG, ("cat(b, x, a)", "sum(-1)"): CAT_BUG, ("cat(x, y)", "identity"): CAT_BUG,
-    ("x[:, [0, -1]]", "identity"): NEGATIVE_INDEX_BUG, ("x[:, [0, -1]]", "amax(1)"): NEGATIVE_INDEX_BUG,
     ("narrow(x, 1, n-3, 3)", "identity"): NARROW_END_OUTPUT_BUG,
-    ("narrow(x, 1, n-3, 3)", "sum(1)"): NARROW_END_REDUCE_BUG,
     ("index_select(x, reversed positions)", "identity"): COMPUTED_POSITIONS_BUG,
     ("index_select(x, reversed positions)", "mean(1)"): COMPUTED_POSITIONS_BUG,
-    ("x", "sdpa last query"): LAST_QUERY_SDPA_BUG, ("gather(x, index)", "sdpa last query"): LAST_QUERY_SDPA_BUG,
 }
 
 
