@@ -13,9 +13,6 @@ run on the host). fp32, rtol = atol = 1e-5.
   `dynamic=False` and under `dynamic=True`.
 - Random programs (hypothesis): a placement, then a reduction / mask / attention; a few fixed
   examples by default, many under `--runslow`.
-
-Known pad-safety bugs are strict xfails naming the bug (KNOWN_BAD_PROGRAMS): a fix makes them fail
-until the entry is removed.
 """
 
 from __future__ import annotations
@@ -198,23 +195,6 @@ FINISHERS = {
     "identity": lambda t: t,
 }
 
-NARROW_END_OUTPUT_BUG = ("issue 13: x.narrow(1, n - 3, 3) returned as a graph output gives rows from the padding "
-                         "(a slice view at a size-derived start leaves the graph uncorrected)")
-COMPUTED_POSITIONS_BUG = ("issue 13: index_select at positions computed from the padded size (arange(n - 1, -1, -1)) "
-                          "takes the padded rows first (arange over a symbolic size counts the bucket, and "
-                          "aten.index_select is in pad_safety.ROW_LOCAL)")
-
-# Placements and finishers a known pad-safety bug breaks: the random programs leave them out until
-# it is fixed (then the entry goes); KNOWN_BAD_PROGRAMS keeps strict xfails for each bug.
-KNOWN_BAD_STEPS = {"narrow(x, 1, n-3, 3)": NARROW_END_OUTPUT_BUG,
-                   "index_select(x, reversed positions)": COMPUTED_POSITIONS_BUG}
-KNOWN_BAD_PROGRAMS = {
-    ("narrow(x, 1, n-3, 3)", "identity"): NARROW_END_OUTPUT_BUG,
-    ("index_select(x, reversed positions)", "identity"): COMPUTED_POSITIONS_BUG,
-    ("index_select(x, reversed positions)", "mean(1)"): COMPUTED_POSITIONS_BUG,
-}
-
-
 def _program(placement: str, finisher: str):
     place, finish = PLACEMENTS[placement], FINISHERS[finisher]
 
@@ -224,8 +204,7 @@ def _program(placement: str, finisher: str):
     return program
 
 
-PROGRAMS = st.tuples(st.sampled_from(sorted(set(PLACEMENTS) - set(KNOWN_BAD_STEPS))),
-                     st.sampled_from(sorted(set(FINISHERS) - set(KNOWN_BAD_STEPS))))
+PROGRAMS = st.tuples(st.sampled_from(sorted(PLACEMENTS)), st.sampled_from(sorted(FINISHERS)))
 AROUND_BOUNDARIES = st.lists(st.sampled_from([6, 7, 8, 9, 15, 16, 17]), min_size=3, max_size=3, unique=True)
 
 
@@ -249,11 +228,3 @@ def test_random_program_equals_eager(spec, lengths, tmp_path):
 @given(spec=PROGRAMS, lengths=AROUND_BOUNDARIES)
 def test_many_random_programs_equal_eager(spec, lengths, tmp_path):
     _check_program(spec, lengths, tmp_path)
-
-
-@pytest.mark.parametrize("spec", [pytest.param(spec, marks=pytest.mark.xfail(reason=bug, strict=True),
-                                               id=" -> ".join(spec)) for spec, bug in KNOWN_BAD_PROGRAMS.items()])
-def test_known_bad_programs_still_differ(spec, tmp_path):
-    """Programs of each known bug fail today; when one XPASSes, drop it here and its step from
-    KNOWN_BAD_STEPS, so that the random programs cover it again."""
-    _check_program(spec, [6, 8, 9], tmp_path)

@@ -25,29 +25,23 @@ PADDING_OPS = (
 )
 FAST_OPS = ("cat", "narrow", "softmax", "flip")
 
-# Causes of the failures the sweep found on main after the cat rewrite and default-deny (2806475);
+# Causes of the failures the sweep found on main after the cat rewrite and default-deny (2806475)
+# that are still there after 3ebf121 (view outputs and ranges from padded sizes fixed);
 # each op below fails for the named cause (strict xfail): a fix makes its test fail until it goes.
-VIEW_OUTPUT = ("issue 13: an output that is a view of a padded input (expand_as, broadcast_tensors, meshgrid, "
-               "dsplit pieces, narrow with SymInt bounds under dynamic=True) crashes where the runtime slices it: "
-               "RuntimeError: setStorage: ... out of bounds for storage")
 CLAMP_INT = ("issue 13: the padded graph calls aten.clamp with an int bound (replicate pad, bicubic interpolation, "
              "_unsafe_masked_index): RuntimeError: aten::clamp() Expected a value of type 'Optional[Tensor]' for "
              "argument 'min' but instead found type 'int'")
 PADDED_TARGETS = ("issue 13: multilabel_margin_loss reads the zero padding of its target as labels (silent "
                   "mismatch in every mode)")
-SYMINT_INDEX = ("issue 13: select(dim, i) with a SymInt index (dynamic=True), returned as an output, reads the "
-                "wrong padded column (silent mismatch)")
 SLICE_DEFAULTS = "issue 13: aten.slice with default bounds on a padded dim: IndexError: tuple index out of range"
 SYMBOLIC_ORDER = ("issue 13: norm / renorm under dynamic=True (the order p is a graph input): TypeError: '<' not "
                   "supported between instances of 'Node' and 'int' in the pad-safety pass")
 SCATTER_REDUCE_EXCLUDING_SELF = ("issue 13: scatter_reduce(include_self=False) with a padded index / src "
                                  "(dynamic=True) reduces the padding's neutral values into row 0 (silent mismatch)")
 PAD_BUGS = {
-    **dict.fromkeys(["broadcast_tensors", "expand_as", "meshgrid.variadic_tensors", "meshgrid.list_of_tensors",
-                     "dsplit", "narrow"], VIEW_OUTPUT),
     **dict.fromkeys(["nn.functional.pad.replicate", "nn.functional.pad.replicate_negative",
                      "nn.functional.interpolate.bicubic", "_unsafe_masked_index"], CLAMP_INT),
-    "nn.functional.multilabel_margin_loss": PADDED_TARGETS, "select": SYMINT_INDEX, "slice": SLICE_DEFAULTS,
+    "nn.functional.multilabel_margin_loss": PADDED_TARGETS, "slice": SLICE_DEFAULTS,
     **dict.fromkeys(["norm", "renorm"], SYMBOLIC_ORDER),
     **dict.fromkeys(["scatter_reduce.sum", "scatter_reduce.prod", "scatter_reduce.amin", "scatter_reduce.amax"],
                     SCATTER_REDUCE_EXCLUDING_SELF),
