@@ -67,9 +67,13 @@ def _value_spec(value) -> Any:
 
 
 def _output_specs(gm: fx.GraphModule) -> list:
-    output_node = next(n for n in gm.graph.nodes if n.op == "output")
-    outputs = output_node.args[0] if isinstance(output_node.args[0], (list, tuple)) else [output_node.args[0]]
+    outputs = _flat_outputs(gm)
     return [_value_spec(o.meta.get("val")) if isinstance(o, fx.Node) else None for o in outputs]
+
+
+def _flat_outputs(gm: fx.GraphModule) -> list:
+    output_node = next(n for n in gm.graph.nodes if n.op == "output")
+    return list(output_node.args[0]) if isinstance(output_node.args[0], (list, tuple)) else [output_node.args[0]]
 
 
 def _input_views(gm: fx.GraphModule) -> dict[int, fx.GraphModule]:
@@ -81,8 +85,7 @@ def _input_views(gm: fx.GraphModule) -> dict[int, fx.GraphModule]:
     bucket (or gathered by the pad-safety pass), whose strides and offset are not eager's; the view
     made of the real-size input is."""
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-    output_node = next(n for n in gm.graph.nodes if n.op == "output")
-    outputs = output_node.args[0] if isinstance(output_node.args[0], (list, tuple)) else [output_node.args[0]]
+    outputs = _flat_outputs(gm)
 
     def view_chain(node: fx.Node, chain: dict) -> bool:
         if node.op == "placeholder" or node in chain:
@@ -250,9 +253,18 @@ class GraphRunner:
             elif index < self.saved_from and isinstance(value, torch.Tensor):
                 finished[index] = bucketing.slice_tensor(value, spec, real, padded)
         if plan.mode == "padded":
-            for index, view in self.input_views.items():
+            for index, view in self._rewritten_input_views(plan).items():
                 finished[index] = view(*args)
         return finished
+
+    def _rewritten_input_views(self, plan: CallPlan) -> dict[int, fx.GraphModule]:
+        """The input views among the outputs that the pad-safety pass turned into computed tensors
+        (a slice from the real end became a gather): those are made from the real-size input. A view
+        the padded graph still returns as a view is left to AOTAutograd, which replays it."""
+        outputs = _flat_outputs(self.graph_for(plan))
+        return {index: view for index, view in self.input_views.items()
+                if not (isinstance(outputs[index], fx.Node) and outputs[index].op == "call_function"
+                        and (outputs[index].target in VIEW_OPS or outputs[index].target is operator.getitem))}
 
     # -- compiling ---------------------------------------------------------------------------
 

@@ -14,7 +14,7 @@ import torch.fx as fx
 
 from ..lowering.graph import LoweredGraph
 from ..lowering.ir import HostStep, KernelStep
-from .kernel_args import kernel_dtype, kernel_shape
+from .kernel_args import kernel_dtype
 from .render import environment, literal
 
 
@@ -107,11 +107,10 @@ def render_wrapper(gm: fx.GraphModule, lowered: LoweredGraph, name: str = "run")
                 out = returned.pop(0)
                 val = out.meta["val"] if isinstance(out, fx.Node) else out
                 buffer = value_name(out) if isinstance(out, fx.Node) else f"{spec.name}_out"
-                lines.append(f"{buffer} = torch.empty({list(kernel_shape(val.shape))}, "
+                lines.append(f"{buffer} = torch.empty({[int(s) for s in val.shape]}, "
                              f"dtype={kernel_dtype(val.dtype)})  # allocation: the kernel's output argument")
-                arguments.append(buffer)
-                if val.dim() == 0:
-                    write_backs.append(f"{buffer} = {buffer}.reshape(())  # kernels return 0-d values as shape [1]")
+                # A 0-d output is written through a shape-[1] view, so that the value itself is no view.
+                arguments.append(f"{buffer}.view(1)" if val.dim() == 0 else buffer)
             call = f"kernels.{spec.name}({', '.join(arguments)})"
             for pos, inp in spec.inplace.items():
                 names[spec.outputs[pos]] = names[spec.inputs[inp]]
@@ -123,7 +122,8 @@ def render_wrapper(gm: fx.GraphModule, lowered: LoweredGraph, name: str = "run")
             else:
                 lines.append(f"{', '.join(targets)} = {call}")
             lines.extend(write_backs)
-            lines.extend(f"{target} = {target}.reshape(())  # kernels return 0-d values as shape [1]"
+            lines.extend(f"{target} = {target}.reshape(()).clone()  # kernels return 0-d values as shape [1];"
+                         " a clone, not a view (a view output cannot be modified in place)"
                          for target, out in zip(targets, returned)
                          if isinstance(out, fx.Node) and out.meta["val"].dim() == 0)
         else:
