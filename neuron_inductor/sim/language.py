@@ -55,7 +55,7 @@ tile_size = _TileSize()
 def _shape(shape) -> tuple:
     if isinstance(shape, int):
         return (shape,)
-    return tuple(operator.index(s) for s in shape)
+    return tuple(map(operator.index, shape))
 
 
 def ndarray(shape, dtype, buffer=sbuf, name="", address=None) -> NkiTensor:
