@@ -15,7 +15,7 @@ import operator
 
 import torch
 
-from . import addressed, context, dtypes, isa, rules
+from . import addressed, context, dtypes, isa, replay, rules
 from . import tensor as tensors
 from .dtypes import (bfloat16, bool_, float4_e2m1fn_x4, float8_e4m3, float8_e4m3fn,  # noqa: F401
                      float8_e4m3fn_x4, float8_e5m2, float8_e5m2_x4, float8_e8m0fnu, float16, float32, int8,
@@ -107,6 +107,7 @@ def _shared(outputs, shape, dtype, name) -> NkiTensor:
     else:
         t = tensors.allocate(shape, dtype, shared_hbm, name, None)
         outputs.tensors.append(t)
+        replay.note_output(t)
     outputs.cursor += 1
     return t
 

@@ -13,6 +13,8 @@ import pytest
 import torch
 
 from neuron_inductor import sim
+from neuron_inductor.sim import isa as nisa
+from neuron_inductor.sim import language as nl
 from neuron_inductor.sim import tensor as sim_tensor
 from neuron_inductor.sim.errors import NkiIndexError
 from neuron_inductor.testing import TinyLlama, TinyLlamaConfig
@@ -109,3 +111,85 @@ def test_llama_training_step_same_loss_grads_and_trace_on_both_paths(monkeypatch
 
     step()
     _same_outputs_and_trace(step, monkeypatch)
+
+
+# -- replay of copy-only kernels (sim/replay.py) ------------------------------------------------------
+
+def _tiled_copy(x):
+    """A copy through one SBUF tile per row block, as the copy / pointwise templates emit."""
+    out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+    for i in nl.affine_range(x.shape[0] // 2):
+        t = nl.ndarray((2, x.shape[1]), dtype=x.dtype, buffer=nl.sbuf)
+        nisa.dma_copy(dst=t, src=x[2 * i:2 * i + 2, :])
+        nisa.dma_copy(dst=out[2 * i:2 * i + 2, :], src=t)
+    return out
+
+
+def _half_tile(x):
+    """Reads a tile of which only the first row was written: the NaNs of fresh memory come out."""
+    out = nl.ndarray((2, x.shape[1]), dtype=x.dtype, buffer=nl.shared_hbm)
+    t = nl.ndarray((2, x.shape[1]), dtype=x.dtype, buffer=nl.sbuf)
+    nisa.dma_copy(dst=t[0:1, :], src=x[0:1, :])
+    nisa.dma_copy(dst=out, src=t)
+    return out
+
+
+def _in_place_shift(x):
+    """Writes into its argument what it read from it: each later read sees the earlier write."""
+    for i in nl.sequential_range(x.shape[0] - 1):
+        t = nl.ndarray((1, x.shape[1]), dtype=x.dtype, buffer=nl.sbuf)
+        nisa.dma_copy(dst=t, src=x[i:i + 1, :])
+        nisa.dma_copy(dst=x[i + 1:i + 2, :], src=t)
+    return x
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    """The tensor's bytes as integers: NaNs compare equal when their bits do."""
+    return t.contiguous().view({torch.float32: torch.int32, torch.bfloat16: torch.int16}[t.dtype])
+
+
+def _runs(kernel_func, make_input, calls=3):
+    """[(output, trace)] of `calls` calls, each on a fresh input, with replay on and off."""
+    found = {}
+    for replay in (True, False):
+        kernel = sim.Kernel(kernel_func, replay=replay)
+        found[replay] = []
+        for call in range(calls):
+            x = make_input(call)
+            out, ops = _traced(lambda: kernel(x))
+            found[replay].append((out.clone(), x.clone(), ops))
+    return found
+
+
+@pytest.mark.parametrize("func, make_input", [
+    (_tiled_copy, lambda call: torch.randn(10, 24, generator=torch.Generator().manual_seed(call))),
+    (_tiled_copy, lambda call: torch.randn(6, 40, generator=torch.Generator().manual_seed(call)).to(torch.bfloat16)),
+    (_tiled_copy, lambda call: torch.randn(24, 10, generator=torch.Generator().manual_seed(call)).t()),  # strided
+    (_half_tile, lambda call: torch.randn(3, 8, generator=torch.Generator().manual_seed(call))),
+    (_in_place_shift, lambda call: torch.randn(5, 8, generator=torch.Generator().manual_seed(call))),
+])
+def test_replayed_copy_kernels_give_the_same_bits_and_trace(func, make_input):
+    runs = _runs(func, make_input)
+    for (out, arg, ops), (ref_out, ref_arg, ref_ops) in zip(runs[True], runs[False]):
+        assert ops == ref_ops and len(ops) >= 2
+        assert torch.equal(_bits(out), _bits(ref_out)) and torch.equal(_bits(arg), _bits(ref_arg))
+
+
+def test_a_replayed_kernel_returns_its_argument_itself():
+    kernel = sim.Kernel(_in_place_shift, replay=True)
+    for _ in range(2):  # recorded, then replayed
+        x = torch.randn(5, 8)
+        assert kernel(x) is x
+
+
+def test_only_copy_kernels_with_whole_tiles_are_replayed():
+    from neuron_inductor.sim import replay
+
+    replayed = {}
+    for func, x in [(_tiled_copy, torch.randn(10, 24)), (_half_tile, torch.randn(3, 8)),
+                    (_in_place_shift, torch.randn(5, 8))]:
+        kernel = sim.Kernel(func, replay=True)
+        kernel(x.clone())
+        replayed[func.__name__] = {p is not None for (f, _), p in replay._PLANS.items() if f is func}
+    # _in_place_shift's tiles are fused: each read's source (the row before) was not written after its load
+    assert replayed == {"_tiled_copy": {True}, "_half_tile": {False}, "_in_place_shift": {True}}
