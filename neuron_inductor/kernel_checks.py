@@ -2,7 +2,7 @@
 
 Checking a generated kernel (running it once on zeros, see `compiler.check_kernels`) is a pure
 function of its source, its arguments' shapes and dtypes, the interpreter's own source and the
-interpreter settings that change what runs (target, fp32 storage). A kernel that passed is not run
+interpreter settings that change what runs (target, fp32 storage, strict activation ranges). A kernel that passed is not run
 again for the check when the same kernel appears in another graph or process: its verdict (the
 cost estimate the check recorded) is read back. Only passes are stored; a kernel that breaks a rule
 is checked (and reported) every time.
@@ -25,6 +25,7 @@ from . import __version__, sim
 from .cache import CompileCache, source_hash
 from .compiler import CompiledArtifact
 from .sim import dtypes as sim_dtypes
+from .sim import rules as sim_rules
 
 SUBFOLDER = "checks"
 BUCKET = "kernel check"
@@ -60,6 +61,7 @@ def key_parts(source: str, args: list[torch.Tensor], target: str) -> dict[str, A
         "estimate_target": target,
         "running_target": sim.get_target().name,
         "fp32_storage": os.environ.get(sim_dtypes.FP32_STORAGE_ENV, ""),
+        "strict": os.environ.get(sim_rules.STRICT_ENV, ""),
         "interpreter": source_hash(("sim",)),
         "neuron_inductor": __version__,
         "torch": torch.__version__,

@@ -3,7 +3,8 @@
 Walks the graph in order. Pointwise nodes of one output shape gather into an open fusion group
 that stays open across unrelated nodes and is emitted (as one kernel) as soon as something outside
 it needs one of its values. Every other node becomes a kernel through its registered lowering, a
-host view, or — when no lowering takes it — an explicit fallback with the reason.
+host view, a communication step (functional collectives, run through their process group), or —
+when no lowering takes it — an explicit fallback with the reason.
 
 Kernels write contiguous outputs, while eager ops may return other layouts (CPU SDPA returns a
 permuted one), so a `view` that was legal in eager can be illegal on our tensors. The walk tracks
@@ -22,7 +23,8 @@ from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
 from . import matmul, pointwise
 from .ir import HostStep, KernelSpec, KernelStep, Step, Unsupported
-from .registry import ALLOCATIONS, FALLBACKS, LOWERINGS, RNG_WRAPPERS, SIZE_OPS, VIEW_OPS, load_lowerings
+from .registry import (ALLOCATIONS, COLLECTIVES, FALLBACKS, LOWERINGS, RNG_WRAPPERS, SIZE_OPS, VIEW_OPS,
+                       load_lowerings)
 
 
 class FallbackError(RuntimeError):
@@ -79,12 +81,10 @@ def _has_data_dependent_size(node: fx.Node) -> bool:
 
 def _no_lowering_reason(node: fx.Node) -> str:
     """Why a node without a registered lowering falls back; a pointwise op was refused for its dtypes
-    or arguments (float64 and complex have no on-chip type), not for lack of a kernel."""
+    or arguments, not for lack of a kernel, and the reason says which."""
     if node.target not in pointwise.HANDLERS:
         return f"no lowering for {op_name(node)}"
-    values = [node.meta.get("val")] + [n.meta.get("val") for n in node.all_input_nodes]
-    dtypes = sorted({str(v.dtype).removeprefix("torch.") for v in values if isinstance(v, torch.Tensor)})
-    return f"{op_name(node)}: the pointwise kernels do not take these arguments (dtypes {', '.join(dtypes)})"
+    return f"{op_name(node)}: {pointwise.refusal(node)}"
 
 
 _RESHAPING_VIEWS = {torch.ops.aten.view.default, torch.ops.aten._unsafe_view.default}
@@ -261,6 +261,10 @@ def lower_graph(gm: fx.GraphModule, fallback_mode: str = "warn",
         if node.target in ALLOCATIONS:
             steps.append(HostStep(node, "alloc"))
             layouts.set_from_value(node, contiguous=False)
+            continue
+        if node.target in COLLECTIVES:
+            steps.append(HostStep(node, "collective"))
+            layouts.run(node) or layouts.set_from_value(node, contiguous=False)
             continue
         if node.target is operator.getitem or node.target in VIEW_OPS:
             steps.append(HostStep(node, "view"))

@@ -38,9 +38,10 @@ int32 conversion and are exact for every finite fp32 value. sin / cos reduce the
 beyond about 2**22 * 2 pi lose precision. erfc / erfcx use Numerical Recipes' erfcc rational
 approximation (fractional error 1.2e-7, plus exp's rounding of arguments up to x * x: about 1e-5
 relative in erfc's far tail); cosh / sinh stay finite up to their fp32 overflow at |x| = 89.4.
-Hardware activation ranges (nki-reference.md §1) still
-apply to log (|x| in [2**-64, 2**64]), sqrt and rsqrt; division is reciprocal + multiply (one
-extra rounding), with a correction step before floor / trunc rounding modes.
+ScalarE activations see only inputs inside their valid ranges (nki.api.shared.rst): sqrt runs as
+the ALU power operator, rsqrt as GpSimd's tensor_scalar rsqrt, log as 4 log(x ** 0.25) with eager's values at 0, inf, negatives
+and NaN (`_RANGE_SAFE`), sin on an argument clamped to [-pi, pi]. Division is reciprocal +
+multiply (one extra rounding), with a correction step before floor / trunc rounding modes.
 """
 
 from __future__ import annotations
@@ -224,7 +225,30 @@ class ProgramBuilder:
     def act(self, func: str, x: Ref, scale: float = 1.0, bias: float = 0.0, dtype: str | None = None) -> Ref:
         if _is_imm(x):
             return _fold_unary(func, x * scale + bias)
+        if func in _RANGE_SAFE:  # ScalarE's log / sqrt / rsqrt are valid on part of their domain only
+            if scale != 1.0 or bias != 0.0:
+                x = self.ts(x, "multiply", scale, "add", bias, dtype="float32")
+            return _RANGE_SAFE[func](self, x, dtype)
         return self.emit("act", (x, scale, bias), dtype, func=func)
+
+    def log(self, x: Ref, dtype: str | None = None) -> Ref:
+        """log(x) = 4 log(x ** 0.25): the fourth root of every positive finite fp32 (denormals too) lies in
+        [2**-37.25, 2**32], inside ScalarE log's valid input range [2**-64, 2**64]; 0 and inf are clamped
+        into it and then given eager's -inf / inf by an overflowing term; negatives and NaN are NaN
+        through the root (-inf by `nan_at_minus_inf`). About 2e-7 absolute error over eager (the root's
+        rounding, times 4)."""
+        root = self.ts(x, "power", 0.25, "maximum", 2.0 ** -64, dtype="float32")
+        root = self.ts(root, "minimum", 2.0 ** 64, dtype="float32")
+        logs = self.emit("act", (root, 1.0, 0.0), "float32", func="log")
+        is_inf = self.ts(x, "equal", math.inf, dtype="float32")
+        edge = self.stt(x, "equal", 0.0, "subtract", is_inf, "float32")  # 1 at +-0, -1 at inf, else 0
+        blow_up = self.ts(edge, "multiply", -(2.0 ** 127), "multiply", 4.0, dtype="float32")  # -inf, inf or 0
+        return self.nan_at_minus_inf(x, self.stt(logs, "multiply", 4.0, "add", blow_up, "float32"), dtype)
+
+    def nan_at_minus_inf(self, x: Ref, y: Ref, dtype: str | None = None) -> Ref:
+        """y, NaN where x is -inf (or NaN): min(x + inf, y), as x + inf is inf except at -inf (NaN).
+        The ALU power operator gives inf / 0 at -inf where eager's sqrt / rsqrt / log give NaN."""
+        return self.stt(x, "add", math.inf, "minimum", y, dtype)
 
     def ts(self, x: Ref, op0: str, a0, op1: str | None = None, a1=None, rev0=False, rev1=False,
            dtype: str | None = None) -> Ref:
@@ -355,6 +379,8 @@ class ProgramBuilder:
         k = self.cast(turns, "int32")
         reduced = self.stt(k, "multiply", -TWO_PI_HI, "add", x, "float32")
         reduced = self.stt(k, "multiply", -TWO_PI_LO, "add", reduced, "float32")
+        # Rounding can leave the reduced argument an ulp outside ScalarE sin's valid range [-pi, pi].
+        reduced = self.ts(reduced, "maximum", -math.pi, "minimum", math.pi, dtype="float32")
         if cosine:  # cos(r) = sin(pi/2 - |r|), whose argument stays in [-pi/2, pi/2]
             reduced = self.act("abs", reduced, dtype="float32")
             return self.act("sin", reduced, scale=-1.0, bias=math.pi / 2)
@@ -382,6 +408,20 @@ class ProgramBuilder:
         for coefficient in reversed(ERFC_COEFFICIENTS[1:-1]):  # Horner: q = (q + c) * t
             q = self.stt(q, "add", coefficient, "multiply", t, "float32")
         return magnitude, t, q
+
+
+# Activation functions lowered so that ScalarE only sees inputs inside its documented valid ranges
+# (nki.api.shared.rst, tbl-act-func): sqrt becomes the ALU power operator, rsqrt the ALU rsqrt (no
+# documented range limit, eager's values at 0, inf, negatives and NaN), log the fourth-root form of
+# ProgramBuilder.log.
+_RANGE_SAFE: dict[str, Callable] = {
+    "sqrt": lambda b, x, dtype: b.nan_at_minus_inf(x, b.ts(x, "power", 0.5, dtype="float32"), dtype),
+    # GpSimd's tensor_scalar rsqrt (nki.api.shared.rst, "NKI Engine Selection"): eager's -inf at -0.0,
+    # which power(-0.5) misses.
+    "rsqrt": lambda b, x, dtype: b.emit("ts", (x, 0.0, None), dtype, op0="rsqrt", op1=None, rev0=False, rev1=False,
+                                        engine="gpsimd"),
+    "log": lambda b, x, dtype: b.log(x, dtype),
+}
 
 
 def constant_scalar(node: fx.Node):
@@ -731,30 +771,42 @@ def _arange(b, a):
     return b.ts(index, "multiply", step, "add", start)
 
 
-# Extra argument checks: None = any arguments are fine.
-def _accepts(node: fx.Node, a: dict) -> bool:
+# Memory formats a copy may ask for. Kernels write contiguous tensors and every reader (kernel,
+# host view, fallback) goes through the strides the value really has (graph.py tracks them), so a
+# copy into channels_last is the same values in another layout: a layout no-op for our kernels.
+_STRIDED_MEMORY_FORMATS = (None, torch.preserve_format, torch.contiguous_format, torch.channels_last,
+                           torch.channels_last_3d)
+
+
+def _argument_refusal(node: fx.Node, a: dict) -> str | None:
+    """Why the kernels do not take these arguments of the op (None: they do)."""
     target = node.target
-    if target is aten._to_copy.default:
-        layout = a.get("layout")
-        return layout in (None, torch.strided) and a.get("memory_format") in (
-            None, torch.preserve_format, torch.contiguous_format)
-    if target is aten.clone.default:
-        return a.get("memory_format") in (None, torch.preserve_format, torch.contiguous_format)
+    if target in (aten._to_copy.default, aten.clone.default):
+        if a.get("layout") not in (None, torch.strided):
+            return f"layout {a['layout']} (only strided tensors live in HBM)"
+        if a.get("memory_format") not in _STRIDED_MEMORY_FORMATS:
+            return f"memory_format {a['memory_format']}"
+        return None
     if target in (aten.arange.start_step, aten.arange.start, aten.arange.default):
-        return all(isinstance(a.get(k, 0), (int, float)) for k in ("start", "end", "step"))
+        if not all(isinstance(a.get(k, 0), (int, float)) for k in ("start", "end", "step")):
+            return "start / end / step known only at run time"
+        return None
     if target in (aten.bitwise_and.Tensor, aten.bitwise_or.Tensor, aten.bitwise_xor.Tensor,
                   aten.bitwise_not.default):
-        return node.meta["val"].dtype == torch.bool
+        return None if node.meta["val"].dtype == torch.bool else "bitwise ops on integers (only on bool)"
     if target is aten.pow.Scalar:
-        return isinstance(a["self"], (int, float)) and a["self"] > 0
+        return None if isinstance(a["self"], (int, float)) and a["self"] > 0 else "a base that is not a positive number"
     if target is aten.pow.Tensor_Scalar:
-        return isinstance(a["exponent"], (int, float))
+        return None if isinstance(a["exponent"], (int, float)) else "an exponent that is not a real number"
     if target is aten.round.decimals:
         # negative decimals divide before rounding: reciprocal + multiply could move ties
-        return node.meta["val"].dtype.is_floating_point and a["decimals"] >= 0
+        if not node.meta["val"].dtype.is_floating_point or a["decimals"] < 0:
+            return "negative decimals or an integer input"
+        return None
     if target is aten.elu.default:
-        return all(isinstance(a[k], (int, float)) for k in ("alpha", "scale", "input_scale"))
-    return True
+        if not all(isinstance(a[k], (int, float)) for k in ("alpha", "scale", "input_scale")):
+            return "alpha / scale / input_scale that are not real numbers"
+    return None
 
 
 def _node_args(node: fx.Node) -> dict:
@@ -766,20 +818,27 @@ def _node_args(node: fx.Node) -> dict:
 
 # ---------------------------------------------------------------------------- public API
 
+def refusal(node: fx.Node) -> str | None:
+    """Why this family does not compute `node` (None: it does): not an elementwise op, a dtype with no
+    on-chip type (float64, complex), or arguments the kernels do not take."""
+    if node.op != "call_function" or node.target not in HANDLERS:
+        return "not an elementwise op"
+    values = [node.meta.get("val")] + [arg.meta.get("val") for arg in node.all_input_nodes]
+    if not isinstance(values[0], torch.Tensor):
+        return "its result is not a tensor"
+    unsupported = sorted({str(v.dtype).removeprefix("torch.") for v in values
+                          if isinstance(v, torch.Tensor) and v.dtype not in SUPPORTED_DTYPES})
+    if unsupported:
+        return f"dtype {', '.join(unsupported)} has no on-chip type"
+    if any(isinstance(v, complex) for v in (*node.args, *node.kwargs.values())):
+        return "a complex scalar argument"
+    refused = _argument_refusal(node, bind_arguments(node))
+    return None if refused is None else f"the pointwise kernels do not take {refused}"
+
+
 def is_pointwise(node: fx.Node) -> bool:
     """True if `node` is an elementwise op this family computes (op supported for these args/dtypes)."""
-    if node.op != "call_function" or node.target not in HANDLERS:
-        return False
-    val = node.meta.get("val")
-    if not isinstance(val, torch.Tensor) or val.dtype not in SUPPORTED_DTYPES:
-        return False
-    for arg in node.all_input_nodes:
-        arg_val = arg.meta.get("val")
-        if isinstance(arg_val, torch.Tensor) and arg_val.dtype not in SUPPORTED_DTYPES:
-            return False
-    if any(isinstance(v, complex) for v in (*node.args, *node.kwargs.values())):
-        return False
-    return _accepts(node, bind_arguments(node))
+    return refusal(node) is None
 
 
 def build_program(nodes: list[fx.Node], outputs: list[fx.Node]) -> PointwiseProgram:
@@ -962,7 +1021,8 @@ def resolve_program(program: PointwiseProgram, kinds: dict[str, str], hoisted: s
         elif ins.kind == "ts":
             r.emit("tensor_scalar", dst, alloc, ins.bits, data=r.operand(x, ins.bits), op0=ins.attr("op0"),
                    operand0=r.operand(ops[1]), rev0=ins.attr("rev0"), op1=ins.attr("op1"),
-                   operand1=None if ops[2] is None else r.operand(ops[2]), rev1=ins.attr("rev1"))
+                   operand1=None if ops[2] is None else r.operand(ops[2]), rev1=ins.attr("rev1"),
+                   engine=ins.attr("engine"))
         elif ins.kind == "tt":
             r.emit("tensor_tensor", dst, alloc, ins.bits, data1=r.operand(x, ins.bits),
                    data2=r.operand(ops[1], ins.bits), op_name=ins.attr("op"))

@@ -58,6 +58,18 @@ SIZE_OPS = {
     aten.sym_constrain_range_for_size.default,
 }
 
+# Functional collectives (torch.distributed._functional_collectives; DTensor and FSDP2 trace to them):
+# communication steps of the program, run by the host through the op's process group (gloo on CPU,
+# the device's collective backend on a Neuron host). Each returns a new tensor; `wait_tensor` marks
+# where its result is needed (a no-op for a collective that already completed).
+_c10d = torch.ops._c10d_functional
+COLLECTIVES = {
+    _c10d.all_reduce.default, _c10d.all_reduce_coalesced.default, _c10d.all_gather_into_tensor.default,
+    _c10d.all_gather_into_tensor_coalesced.default, _c10d.reduce_scatter_tensor.default,
+    _c10d.reduce_scatter_tensor_coalesced.default, _c10d.all_to_all_single.default, _c10d.broadcast.default,
+    _c10d.wait_tensor.default,
+}
+
 # Wrappers the partitioner puts around a random op of a checkpointed region -> position of the
 # wrapped op in their args (its own args follow it): the forward saves the generator state
 # (run_and_save_rng_state returns it with the op's result), the backward's recompute restores it.

@@ -10,7 +10,8 @@ from .. import sim
 class SimulatorToolchain:
     name = "simulator"
 
-    def build(self, sources: dict[str, str]) -> dict[str, Callable]:
+    def build(self, sources: dict[str, str], written: dict[str, list[int]] | None = None) -> dict[str, Callable]:
+        # The interpreter writes through the caller's tensors (views included): `written` needs nothing.
         kernels: dict[str, Callable] = {}
         for name, source in sources.items():
             kernel = sim.load_kernels(source, f"<neuron_inductor kernel {name}>")[name]
