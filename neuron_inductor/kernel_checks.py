@@ -2,9 +2,9 @@
 
 Checking a generated kernel (running it once on zeros, see `compiler.check_kernels`) is a pure
 function of its source, its arguments' shapes and dtypes, the interpreter's own source and the
-interpreter settings that change what runs (target, fp32 storage, strict activation ranges). A kernel that passed is not run
-again for the check when the same kernel appears in another graph or process: its verdict (the
-cost estimate the check recorded) is read back. Only passes are stored; a kernel that breaks a rule
+interpreter settings that change what runs (target, fp32 storage, strict activation ranges). A
+kernel that passed is not run again for the check when the same kernel appears in another graph or
+process: its verdict (the cost estimate the check recorded) is read back. Only passes are stored; a kernel that breaks a rule
 is checked (and reported) every time.
 
 Verdicts live next to the compiled graphs, in the `checks/` subfolder of the cache folder, as
