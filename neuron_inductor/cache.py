@@ -63,15 +63,20 @@ CODEGEN_SOURCES = ("lowering", "codegen", "passes", "compiler.py", "decompositio
 
 
 @functools.lru_cache(maxsize=None)
-def package_source_hash() -> str:
-    """Hash of the code-generating Python source: a changed lowering must not hit stale entries."""
+def source_hash(names: tuple[str, ...] = CODEGEN_SOURCES) -> str:
+    """Hash of the package's Python source under `names` (files or folders; default: the
+    code-generating source, so a changed lowering must not hit stale entries)."""
     root = Path(__file__).resolve().parent
     digest = hashlib.sha256()
-    for path in sorted(p for name in CODEGEN_SOURCES for p in ([root / name] if name.endswith(".py")
-                                                                else (root / name).rglob("*.py"))):
+    for path in sorted(p for name in names for p in ([root / name] if name.endswith(".py")
+                                                     else (root / name).rglob("*.py"))):
         digest.update(str(path.relative_to(root)).encode())
         digest.update(path.read_bytes())
     return digest.hexdigest()[:16]
+
+
+def package_source_hash() -> str:
+    return source_hash(CODEGEN_SOURCES)
 
 
 def key_of(parts: dict[str, Any]) -> str:
@@ -156,6 +161,14 @@ class CompileCache:
     @property
     def authenticated(self) -> bool:
         return self._secret is not None
+
+    @functools.cached_property
+    def checks(self):
+        """Verdicts of the compile-time kernel check (kernel_checks.py), in this folder's `checks/`
+        subfolder; in memory only when this folder's entries are not written."""
+        from .kernel_checks import KernelChecks
+
+        return KernelChecks(self.folder if self.writable else None, self._secret.decode() if self._secret else None)
 
     def _usable(self, folder: Path) -> tuple[Path | None, bool]:
         """(folder, writable): a folder that exists but cannot be written (a shared, pre-filled cache
@@ -367,7 +380,8 @@ class CompileCache:
         """Remove every entry, in memory and on disk."""
         self.memory.clear()
         if self.folder is not None:
-            for path in list(self.folder.glob(f"*/*{SUFFIX}")) + list(self.folder.glob("*/*.lock")):
+            for path in [p for pattern in (f"*/*{SUFFIX}", "*/*.lock", f"checks/*/*{SUFFIX}", "checks/*/*.lock")
+                         for p in self.folder.glob(pattern)]:
                 with contextlib.suppress(OSError):
                     path.unlink()
 

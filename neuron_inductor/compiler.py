@@ -125,38 +125,49 @@ def _check_arguments(spec: KernelSpec) -> list[torch.Tensor]:
 
 
 def check_kernels(kernels: dict[str, Callable], sources: dict[str, str], lowered: LoweredGraph,
-                  target: str) -> dict[str, dict]:
+                  target: str, verdicts=None) -> dict[str, dict]:
     """Run every kernel once in the interpreter on zeros of its arguments' shapes and dtypes, before
     any real data reaches it, as the Neuron compiler checks a kernel when it builds it.
 
     The interpreter enforces the hardware rules (tile and partition limits, buffer capacity,
     engine dtypes), which depend on shapes and dtypes, not on values. The recorded instructions
     give each kernel's cost estimate for `target`, returned by kernel name. Raises
-    `KernelRuleViolation` naming the first kernel that breaks a rule.
+    `KernelRuleViolation` naming the first kernel that breaks a rule. `verdicts` (a
+    `kernel_checks.KernelChecks`) holds generated kernels that passed before, in this graph or
+    another, in this process or an earlier one: those are not run again.
     """
     estimates: dict[str, dict] = {}
     checked: dict[tuple, dict] = {}  # a model's repeated layers repeat kernels: each is run once
     for index, spec in enumerate(lowered.kernels):
         progress.kernel_step("check", index, len(lowered.kernels), spec.name)
         args = _check_arguments(spec)
-        same = (unnamed(sources[spec.name], spec.name), tuple((tuple(a.shape), a.dtype) for a in args))
-        if same in checked:
-            estimates[spec.name] = checked[same]
-            continue
-        try:
-            with sim.trace(isolated=True) as recorded:
-                kernels[spec.name](*args)
-        except sim.NkiError as exc:
-            raise KernelRuleViolation(spec.name, exc) from exc
-        estimate = recorded.estimate(target=target)
-        estimates[spec.name] = checked[same] = {
-            "seconds": estimate.total_seconds,
-            "engine_seconds": dict(estimate.engine_seconds),
-            "tensor_flops": sum(i.flops for i in recorded.instructions if i.engine == "tensor"),
-            "instructions": len(recorded.instructions),
-            "dma_bytes": sum(i.bytes for i in recorded.instructions if i.engine == "dma"),
-        }
+        source = unnamed(sources[spec.name], spec.name)
+        same = (source, tuple((tuple(a.shape), a.dtype) for a in args))
+        if same not in checked:
+            def run_check(name=spec.name, args=args) -> dict:
+                return _check_kernel(name, kernels[name], args, target)
+
+            # nki_op kernels run the user's Python beyond their source: checked every time
+            stored = verdicts is not None and spec.family != user_kernels.FAMILY
+            checked[same] = verdicts.verdict(source, args, target, run_check) if stored else run_check()
+        estimates[spec.name] = checked[same]
     return estimates
+
+
+def _check_kernel(name: str, kernel: Callable, args: list[torch.Tensor], target: str) -> dict:
+    try:
+        with sim.trace(isolated=True) as recorded:
+            kernel(*args)
+    except sim.NkiError as exc:
+        raise KernelRuleViolation(name, exc) from exc
+    estimate = recorded.estimate(target=target)
+    return {
+        "seconds": estimate.total_seconds,
+        "engine_seconds": dict(estimate.engine_seconds),
+        "tensor_flops": sum(i.flops for i in recorded.instructions if i.engine == "tensor"),
+        "instructions": len(recorded.instructions),
+        "dma_bytes": sum(i.bytes for i in recorded.instructions if i.engine == "dma"),
+    }
 
 
 def build_kernels(toolchain: Toolchain, artifact: CompiledArtifact) -> dict[str, Callable]:
@@ -170,8 +181,9 @@ def build_kernels(toolchain: Toolchain, artifact: CompiledArtifact) -> dict[str,
 
 
 def compile_and_build(gm: fx.GraphModule, fallback_mode: str, toolchain: Toolchain,
-                      target: str) -> tuple[CompiledArtifact, LoweredGraph, dict[str, Callable]]:
-    """Compile a static graph and build its kernels; check them in the interpreter first.
+                      target: str, verdicts=None) -> tuple[CompiledArtifact, LoweredGraph, dict[str, Callable]]:
+    """Compile a static graph and build its kernels; check them in the interpreter first (kernels
+    with a stored passing verdict in `verdicts` are not run again, see `check_kernels`).
 
     A kernel that breaks a hardware rule is reported by name and rule; where fallback is allowed the
     graph is lowered again with that kernel's ops on the host (and checked again), so no user data
@@ -187,7 +199,7 @@ def compile_and_build(gm: fx.GraphModule, fallback_mode: str, toolchain: Toolcha
         # The interpreter checks the rules before first use whichever toolchain runs the kernels.
         checked = kernels if toolchain.name == "simulator" else build_kernels(SimulatorToolchain(), artifact)
         try:
-            artifact.meta["estimates"] = check_kernels(checked, artifact.kernel_sources, lowered, target)
+            artifact.meta["estimates"] = check_kernels(checked, artifact.kernel_sources, lowered, target, verdicts)
         except KernelRuleViolation as violation:
             if fallback_mode == "error":
                 raise

@@ -290,8 +290,9 @@ class GraphRunner:
         start = time.perf_counter()
         static_gm = self._static_gm(plan, inputs)
         bucket_seconds = time.perf_counter() - start  # the 'bucket' stage of the compile log (observe/)
+        verdicts = get_cache(self.config.cache_dir, self.config.cache_secret).checks
         artifact, lowered, kernels = compile_and_build(static_gm, self.config.fallback, self.toolchain,
-                                                       self.config.target)
+                                                       self.config.target, verdicts)
         artifact.meta["timings"]["bucket"] = bucket_seconds
         program = self._load_program(artifact, static_gm, kernels)
         program.lowered = lowered

@@ -33,7 +33,7 @@ from enum import Enum
 
 import torch
 
-from . import context, dtypes, indirect, rules
+from . import context, dtypes, indirect, replay, rules
 from . import tensor as tensors
 from .errors import NkiError, NkiIndexError
 from .indirect import IndirectView
@@ -717,6 +717,7 @@ def _dma_copy(api, op_name, dst, src, mode=dge_mode.unknown):
         rules.dma_dtypes(api, dst, src)
     if _same_storage(dst, src):
         _copy_exact(dst, src)
+        replay.note_copy(dst, src)
     elif dst.dtype.kind == "int" and src.dtype.kind == "int":
         _write(dst, src.data.to(_I64))
     else:

@@ -15,7 +15,7 @@ import operator
 
 import torch
 
-from . import addressed, context, dtypes, isa, rules
+from . import addressed, context, dtypes, isa, replay, rules
 from . import tensor as tensors
 from .dtypes import (bfloat16, bool_, float4_e2m1fn_x4, float8_e4m3, float8_e4m3fn,  # noqa: F401
                      float8_e4m3fn_x4, float8_e5m2, float8_e5m2_x4, float8_e8m0fnu, float16, float32, int8,
@@ -55,7 +55,7 @@ tile_size = _TileSize()
 def _shape(shape) -> tuple:
     if isinstance(shape, int):
         return (shape,)
-    return tuple(operator.index(s) for s in shape)
+    return tuple(map(operator.index, shape))
 
 
 def ndarray(shape, dtype, buffer=sbuf, name="", address=None) -> NkiTensor:
@@ -109,6 +109,7 @@ def _shared(outputs, shape, dtype, name) -> NkiTensor:
     else:
         t = tensors.allocate(shape, dtype, shared_hbm, name, None)
         outputs.tensors.append(t)
+        replay.note_output(t)
     outputs.cursor += 1
     return t
 

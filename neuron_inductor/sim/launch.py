@@ -23,6 +23,7 @@ import os
 import torch
 
 from . import cores, rules
+from . import replay as replays
 from .errors import NkiError
 from .targets import get_target
 from .tensor import NkiTensor, wrap_hbm
@@ -33,23 +34,24 @@ THREADS_ENV = "NEURON_INDUCTOR_SIM_THREADS"
 class Kernel:
     """A jit kernel: call it, or index it with a grid for an SPMD launch."""
 
-    def __init__(self, func, grid=(1,), platform_target=None):
+    def __init__(self, func, grid=(1,), platform_target=None, replay=False):
         self.func = func
         self.grid = grid
         self.platform_target = platform_target
+        self.replay = replay  # copy-only runs may be replayed (replay.py): for kernels that read no values
         functools.update_wrapper(self, func)
 
     def __getitem__(self, grid) -> Kernel:
         grid = tuple(grid) if isinstance(grid, (tuple, list)) else (grid,)
         if not grid or any(not isinstance(g, int) or g < 1 for g in grid):
             raise NkiError(f"{self.func.__name__}[{grid}]: a grid is one or more positive ints")
-        return Kernel(self.func, grid, self.platform_target)
+        return Kernel(self.func, grid, self.platform_target, self.replay)
 
     @torch._dynamo.disable(reason="an NKI kernel called directly in code torch.compile traces runs eagerly (a "
                                   "graph break); register the function calling it with neuron_inductor.nki_op and "
                                   "call the kernel through wrap_nki to make it a kernel of the compiled program")
     def __call__(self, *args, **kwargs):
-        return run(self.func, self.grid, args, kwargs, self.platform_target)
+        return run(self.func, self.grid, args, kwargs, self.platform_target, self.replay)
 
     def __repr__(self):
         grid = "" if self.grid == (1,) else f"[{', '.join(map(str, self.grid))}]"
@@ -71,8 +73,17 @@ def simulate(kernel):
     return kernel if isinstance(kernel, Kernel) else Kernel(kernel)
 
 
-def run(func, grid, args, kwargs, platform_target=None):
+def run(func, grid, args, kwargs, platform_target=None, replay=False):
     numpy_mode = any(_is_ndarray(a) for a in itertools.chain(args, kwargs.values()))
+    if replay and not numpy_mode:
+        return replays.run(func, args, kwargs, grid, platform_target,
+                           lambda: _launch(func, grid, args, kwargs, platform_target),
+                           lambda result: _unwrap(result, False))
+    return _unwrap(_launch(func, grid, args, kwargs, platform_target), numpy_mode)
+
+
+def _launch(func, grid, args, kwargs, platform_target):
+    """Run the programs of `grid` on the wrapped arguments; -> program 0's result (NKI tensors)."""
     args = tuple(_wrap(a) for a in args)
     kwargs = {k: _wrap(v) for k, v in kwargs.items()}
     target = get_target(platform_target)
@@ -80,11 +91,10 @@ def run(func, grid, args, kwargs, platform_target=None):
     if threads and threads != previous_threads:
         torch.set_num_threads(threads)
     try:
-        result = cores.run_programs(func, args, kwargs, target, grid, func.__name__)
+        return cores.run_programs(func, args, kwargs, target, grid, func.__name__)
     finally:
         if threads and threads != previous_threads:
             torch.set_num_threads(previous_threads)
-    return _unwrap(result, numpy_mode)
 
 
 def _kernel_threads() -> int:

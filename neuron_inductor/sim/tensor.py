@@ -18,6 +18,7 @@ accumulate rules: a flag for "none" / "all" and a bool mask only while partially
 from __future__ import annotations
 
 import contextlib
+import math
 import operator
 
 import torch
@@ -79,8 +80,11 @@ _RECYCLE_MAX_ELEMENTS = 1 << 23  # don't hold on to tiles bigger than 32 MiB of 
 def _recycle(storage: torch.Tensor) -> None:
     # Storage made under torch.inference_mode() cannot be written outside it: not reusable.
     if storage.numel() <= _RECYCLE_MAX_ELEMENTS and not storage.is_inference() and not storage.is_meta:
-        bucket = _RECYCLED.setdefault((tuple(storage.shape), storage.dtype), [])
-        if len(bucket) < _RECYCLE_PER_KEY:
+        key = (tuple(storage.shape), storage.dtype)
+        bucket = _RECYCLED.get(key)
+        if bucket is None:
+            _RECYCLED[key] = [storage]
+        elif len(bucket) < _RECYCLE_PER_KEY:
             bucket.append(storage)
 
 
@@ -155,8 +159,9 @@ class NkiTensor(ViewMethods):
 
     def __getitem__(self, key) -> NkiTensor:
         data = self.data
-        index = _normalize_index(key, data.shape, self.buffer.on_chip)
-        return NkiTensor(data[index], self.dtype, self.buffer, self.alloc, self.name)
+        buffer = self.buffer
+        return NkiTensor(data[_normalize_index(key, data.shape, buffer.on_chip)], self.dtype, buffer, self.alloc,
+                         self.name)
 
     def reshape(self, *shape) -> NkiTensor:
         if len(shape) == 1 and isinstance(shape[0], (tuple, list, torch.Size)):
@@ -354,6 +359,20 @@ def _normalize_index(key, shape, on_chip: bool) -> tuple:
     """Torch index for `key` after NKI's checks (bounds, steps, partition-dim rules)."""
     if type(key) is not tuple:
         key = (key,)
+    if len(key) <= len(shape):  # the hot case, slices the templates emit: in-range int bounds, no step
+        for k, size in zip(key, shape):
+            if type(k) is not slice or k.step is not None:
+                break
+            start, stop = k.start, k.stop
+            if type(start) is not int or type(stop) is not int or not 0 <= start < stop <= size:
+                break
+        else:
+            return key
+    return _checked_index(key, shape, on_chip)
+
+
+def _checked_index(key: tuple, shape, on_chip: bool) -> tuple:
+    """_normalize_index for any key: Ellipsis, None bounds, negative and integer indices, nl.ds."""
     ndim = len(shape)
     if Ellipsis in key:
         at = key.index(Ellipsis)
@@ -407,10 +426,7 @@ def allocate(shape, dtype: dtypes.NkiDtype, buffer: Buffer, name: str, pool) -> 
     if pool is None:
         storage = torch.full(shape, fill, dtype=storage_dtype)
         return NkiTensor(storage, dtype, buffer, Allocation(storage), name)
-    free = 1
-    for s in shape[1:]:
-        free *= s
-    nbytes = pool.size_of(free * dtype.itemsize)
+    nbytes = pool.size_of(math.prod(shape[1:]) * dtype.itemsize)
     pool.reserve(nbytes, name, shape, dtype)
     storage = _fresh_storage(shape, storage_dtype, fill)
     return NkiTensor(storage, dtype, buffer, Allocation(storage, pool, nbytes), name)

@@ -1,0 +1,215 @@
+"""Record and replay of copy-only kernels: a kernel whose every instruction is an exact dma_copy
+(same dtype, no indirection) is run once for real; later calls with arguments of the same shapes,
+strides, dtypes and aliasing replay its copies as plain torch copies.
+
+Such a kernel's control flow, its rule checks and its trace depend on shapes only, so the first run
+checks the rules and records the trace; a replay appends the same instructions to the active traces
+and performs the same copies in the same order, bit for bit. A tile that is written whole by one DMA
+and then read whole (with no write to the source in between) is skipped: each read copies straight
+from the tile's source, the same bytes. Kernels that do anything else, that allocate private HBM,
+or whose tiles are used otherwise are never replayed (they run normally, every time).
+
+Only kernels that opt in (`Kernel(..., replay=True)`: the backend's generated kernels, which read no
+register values) are recorded.
+"""
+
+from __future__ import annotations
+
+import os
+import weakref
+
+import torch
+
+from . import dtypes, tracing
+from .targets import get_target
+from .tensor import NkiTensor, shared_hbm
+
+_RECORDER = None  # the Recording of the kernel running now, if one is being recorded
+_PLANS: dict = {}  # (func, signature) -> Plan, or None when the kernel cannot be replayed
+_MAX_PLANS = 4096
+
+
+class Recording:
+    """The exact copies of one run, as (dst view, src view) per dma_copy. A view is (owner, sizes,
+    strides, offset into the owner's storage, whole), owner = ("arg", i) | ("out", k) | ("tile", n);
+    `whole`: the view is all of its allocation, in the allocation's own layout."""
+
+    def __init__(self, args: tuple) -> None:
+        self.args = {id(a): i for i, a in enumerate(args)}  # the caller's tensors are the HBM storage
+        self.tiles: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # Allocation -> tile number
+        self.outputs: list = []  # (Allocation, NKI dtype) of each shared_hbm output, in order
+        self.copies: list = []
+        self.replayable = True
+
+    def view(self, t) -> tuple | None:
+        alloc = t.alloc
+        storage = alloc.storage
+        if id(storage) in self.args:
+            owner = ("arg", self.args[id(storage)])
+        elif alloc.pool is not None:  # an on-chip tile (recycled storage gets a new Allocation)
+            number = self.tiles.get(alloc)
+            if number is None:
+                number = self.tiles[alloc] = len(self.tiles) + len(self.copies)
+            owner = ("tile", number)
+        else:
+            found = [k for k, (a, _) in enumerate(self.outputs) if a is alloc]
+            if not found:
+                return None  # private HBM, a staged gather, a reshape's read-only copy: not replayed
+            owner = ("out", found[0])
+        data = t.data
+        offset = data.storage_offset() - storage.storage_offset()
+        whole = (offset == 0 and data.numel() == storage.numel() and data.is_contiguous()
+                 and storage.is_contiguous())
+        return owner, tuple(data.shape), data.stride(), offset, whole
+
+    def note_copy(self, dst, src) -> None:
+        if self.replayable:
+            d, s = self.view(dst), self.view(src)
+            if d is None or s is None:
+                self.replayable = False
+            else:
+                self.copies.append((d, s))
+
+
+def note_copy(dst, src) -> None:
+    """isa's exact dma_copy (same dtype and storage): remembered while recording."""
+    if _RECORDER is not None:
+        _RECORDER.note_copy(dst, src)
+
+
+def note_output(t) -> None:
+    """A new shared_hbm output: remembered while recording."""
+    if _RECORDER is not None:
+        _RECORDER.outputs.append((t.alloc, t.dtype))
+
+
+def signature(args: tuple, kwargs: dict, grid, platform_target) -> tuple | None:
+    """What a replay must match (every argument's layout and dtype, the target), or None when the
+    call is not replayed (keyword or non-tensor arguments, SPMD grids, arguments sharing memory)."""
+    if kwargs or grid != (1,):
+        return None
+    parts, storages = [], set()
+    for a in args:
+        if type(a) is not torch.Tensor or a.requires_grad or a.is_meta:
+            return None
+        ptr = a.untyped_storage().data_ptr()
+        if ptr in storages:
+            return None
+        storages.add(ptr)
+        parts.append((tuple(a.shape), a.stride(), a.storage_offset(), a.dtype))
+    return tuple(parts), get_target(platform_target).name, os.environ.get(dtypes.FP32_STORAGE_ENV, "")
+
+
+class _Leaf:
+    """A returned tensor in a Plan's result structure."""
+
+    __slots__ = ("view",)
+
+    def __init__(self, view) -> None:
+        self.view = view
+
+
+class Plan:
+    """What a replay does: make the outputs, perform the copies (tiles fused away), record the trace."""
+
+    def __init__(self, copies, outputs, result, instructions) -> None:
+        self.copies = copies              # [(dst view, src view)] on arguments and outputs only
+        self.outputs = outputs            # [(shape, storage dtype, fill)] of the shared_hbm outputs
+        self.result = result              # the return structure, tensors as _Leaf
+        self.instructions = instructions  # the first run's trace
+
+    def run(self, args: tuple):
+        outs = [torch.full(shape, fill, dtype=dtype) for shape, dtype, fill in self.outputs]
+
+        def view(spec):
+            (kind, index), sizes, strides, offset, whole = spec
+            base = args[index] if kind == "arg" else outs[index]
+            if offset == 0 and sizes == base.shape and strides == base.stride():
+                return base  # the tensor itself, as a kernel returning it gives it back
+            return base.as_strided(sizes, strides, base.storage_offset() + offset)
+
+        for dst_spec, src_spec in self.copies:
+            dst, src = view(dst_spec), view(src_spec)
+            if dst_spec[0] == src_spec[0]:
+                src = src.clone()  # overlapping views of one allocation, as isa._copy_exact
+            dst.copy_(src if src.shape == dst.shape else src.reshape(dst.shape))
+        for trace in tracing.ACTIVE:
+            trace.instructions.extend(self.instructions)
+        return _rebuild(self.result, view)
+
+
+def _rebuild(result, view):
+    if isinstance(result, _Leaf):
+        return view(result.view)
+    if isinstance(result, (tuple, list)):
+        return type(result)(_rebuild(r, view) for r in result)
+    return result
+
+
+def _fuse_tiles(copies) -> list | None:
+    """The copies with each tile replaced by its source, or None when a tile is used any other way
+    than written whole once (from an argument or output) and then read whole."""
+    loaded: dict = {}  # tile owner -> (src view, index of its write)
+    fused = []
+    for index, (dst, src) in enumerate(copies):
+        if dst[0][0] == "tile":
+            if dst[0] in loaded or not dst[4] or src[0][0] == "tile":
+                return None
+            loaded[dst[0]] = (src, index)
+        elif src[0][0] == "tile":
+            found = loaded.get(src[0])
+            if found is None or not src[4]:
+                return None
+            source, at = found
+            if any(d[0] == source[0] for d, _ in copies[at + 1:index]):
+                return None  # the tile's source was written after the tile was loaded
+            fused.append((dst, source))
+        else:
+            fused.append((dst, src))
+    return fused
+
+
+def plan_for(recording: Recording, result, instructions: list) -> Plan | None:
+    if not recording.replayable or len(instructions) != len(recording.copies) \
+            or any(i.op != "dma_copy" for i in instructions):
+        return None  # another instruction, or a DMA that converts
+    copies = _fuse_tiles(recording.copies)
+    if copies is None:
+        return None
+    leaves = []
+
+    def structure(value):
+        if isinstance(value, NkiTensor):
+            found = recording.view(value)
+            leaves.append(found)
+            return _Leaf(found)
+        if isinstance(value, (tuple, list)):
+            return type(value)(structure(v) for v in value)
+        return value
+
+    shape = structure(result)
+    if any(v is None or v[0][0] == "tile" for v in leaves):
+        return None
+    outputs = [(tuple(a.storage.shape), a.storage.dtype, dtypes.fill_value(dtype)) for a, dtype in recording.outputs]
+    return Plan(copies, outputs, shape, instructions)
+
+
+def run(func, args: tuple, kwargs: dict, grid, platform_target, launch, unwrap):
+    """The kernel's torch result: `launch()` (-> the NKI result) recorded the first time, replayed after."""
+    global _RECORDER
+    key = signature(args, kwargs, grid, platform_target)
+    if key is None or _RECORDER is not None:
+        return unwrap(launch())
+    key = (func, key)
+    if key in _PLANS:
+        plan = _PLANS[key]
+        return plan.run(args) if plan is not None else unwrap(launch())
+    _RECORDER = recording = Recording(args)
+    try:
+        with tracing.Trace() as recorded:
+            result = launch()
+    finally:
+        _RECORDER = None
+    if len(_PLANS) < _MAX_PLANS:
+        _PLANS[key] = plan_for(recording, result, recorded.instructions)
+    return unwrap(result)
