@@ -66,7 +66,8 @@ class PointwiseLowering:
         return lower_pointwise_group([node], [node])
 
 
-def register_pointwise(*ops: torch._ops.OpOverload, accepts: ArgumentCheck | None = None) -> Callable[[EmitRule], EmitRule]:
+def register_pointwise(*ops: torch._ops.OpOverload,
+                       accepts: ArgumentCheck | None = None) -> Callable[[EmitRule], EmitRule]:
     """Register `ops` as pointwise (the Inductor `make_pointwise` of this backend): the decorated
     function is their emit rule; `accepts` restricts the arguments they take."""
     def decorate(emit: EmitRule) -> EmitRule:
