@@ -106,7 +106,7 @@ class GraphRunner:
         self.policy = BucketPolicy.parse(config.buckets)
         self.symbolic = bucketing.has_symbolic_shapes(example_inputs)
         self.graph_hash = graph_structure_hash(gm, example_inputs)
-        self.toolchain = select_toolchain(config.toolchain)
+        self.toolchain = select_toolchain(config.toolchain, config.target)
         self.programs: dict[tuple, Program] = {}
         self.input_specs = [_value_spec(v) for v in example_inputs]
         self.input_dtypes = [str(v.dtype) for v in example_inputs if isinstance(v, torch.Tensor)]

@@ -8,12 +8,19 @@ from .. import sim
 
 
 class SimulatorToolchain:
+    """Builds kernels for one hardware target: they run with its rules and capacities (SBUF / PSUM
+    sizes, matmul limits), as the Neuron compiler builds a kernel for the chip it targets."""
+
     name = "simulator"
+
+    def __init__(self, target: str = "trn2") -> None:
+        self.target = sim.get_target(target)
 
     def build(self, sources: dict[str, str]) -> dict[str, Callable]:
         kernels: dict[str, Callable] = {}
         for name, source in sources.items():
-            kernels[name] = sim.load_kernels(source, f"<neuron_inductor kernel {name}>")[name]
+            kernel = sim.load_kernels(source, f"<neuron_inductor kernel {name}>")[name]
+            kernels[name] = type(kernel)(kernel.func, kernel.grid, kernel.platform_target or self.target.name)
         return kernels
 
     def adopt(self, kernel: Any) -> Callable:
