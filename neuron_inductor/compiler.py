@@ -92,6 +92,7 @@ def compile_static_graph(gm: fx.GraphModule, fallback_mode: str,
         "kernels": [_describe_kernel(spec) for spec in lowered.kernels],
         "fallbacks": [{"op": op_name(s.node), "reason": s.reason, "flops": node_flops(s.node)} for s in lowered.fallbacks],
         "views": sum(1 for s in lowered.steps if getattr(s, "kind", None) == "view"),
+        "collectives": [op_name(s.node) for s in lowered.steps if getattr(s, "kind", None) == "collective"],
         "timings": timings,
         # nki_op kernels: built from the registered op, not from their source (see nki_ops/lowering.py)
         "user_kernels": {spec.name: spec.params for spec in lowered.kernels if spec.family == user_kernels.FAMILY},

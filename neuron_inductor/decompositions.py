@@ -57,6 +57,18 @@ def _foreach_norm(tensors, ord=2, dtype=None):
     return [aten.linalg_vector_norm.default(t, ord, None, False, dtype=dtype) for t in tensors]
 
 
+@_override(aten.index_put.default)
+def _index_put_masked_fill(self, indices, values, accumulate=False):
+    """`x[mask] = v` with one boolean mask over x's leading dims and a single value (DTensor's
+    vocabulary-parallel embedding zeroes foreign rows this way) is a masked fill: a pointwise
+    `where` instead of a scatter. Every other index_put stays whole (NotImplemented)."""
+    if (accumulate or len(indices) != 1 or indices[0] is None or indices[0].dtype != torch.bool
+            or values.numel() != 1 or indices[0].shape != self.shape[:indices[0].dim()]):
+        return NotImplemented
+    mask = indices[0].reshape(*indices[0].shape, *[1] * (self.dim() - indices[0].dim()))
+    return aten.where.self(mask, values.reshape(()).to(self.dtype), self)
+
+
 @functools.lru_cache(maxsize=None)
 def neuron_decompositions() -> dict:
     table = dict(core_aten_decompositions())

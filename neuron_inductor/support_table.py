@@ -30,7 +30,7 @@ def _lowering(op) -> str:
         family = "pointwise" if isinstance(entry, PointwiseLowering) else entry.__module__.rsplit(".", 1)[-1]
         return f"{family} (kernel)"
     for kind, ops in (("view", registry.VIEW_OPS), ("alloc", registry.ALLOCATIONS), ("scalar", registry.SIZE_OPS),
-                      ("rng wrapper", registry.RNG_WRAPPERS)):
+                      ("rng wrapper", registry.RNG_WRAPPERS), ("collective", registry.COLLECTIVES)):
         if op in ops:
             return f"host {kind}"
     return ""
@@ -40,9 +40,9 @@ def _known_ops() -> list:
     """Every op the table says something about; users' custom ops (defined at run time) are left out."""
     registry.load_lowerings()
     ops = {*registry.LOWERINGS, *registry.FALLBACKS, *registry.KEPT_WHOLE, *registry.PAD_RULES, *registry.VIEW_OPS,
-           *registry.ALLOCATIONS, *registry.SIZE_OPS, *registry.RNG_WRAPPERS}
-    return sorted((op for op in ops if not isinstance(op, torch._ops.OpOverload) or op.namespace == "aten"),
-                  key=_op_name)
+           *registry.ALLOCATIONS, *registry.SIZE_OPS, *registry.RNG_WRAPPERS, *registry.COLLECTIVES}
+    return sorted((op for op in ops if not isinstance(op, torch._ops.OpOverload) or op.namespace == "aten"
+                   or op in registry.COLLECTIVES), key=_op_name)
 
 
 def render() -> str:

@@ -67,15 +67,17 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         batch, seq, _ = x.shape
-        cfg = self.cfg
-        q = self.q_proj(x).view(batch, seq, cfg.n_heads, cfg.head_dim).transpose(1, 2)
-        k = self.k_proj(x).view(batch, seq, cfg.n_kv_heads, cfg.head_dim).transpose(1, 2)
-        v = self.v_proj(x).view(batch, seq, cfg.n_kv_heads, cfg.head_dim).transpose(1, 2)
+        # Head counts come from the projections' widths (-1), not the config: under tensor
+        # parallelism (ColwiseParallel q / k / v) each rank holds a slice of the heads.
+        heads = (batch, seq, -1, self.cfg.head_dim)
+        q = self.q_proj(x).view(heads).transpose(1, 2)
+        k = self.k_proj(x).view(heads).transpose(1, 2)
+        v = self.v_proj(x).view(heads).transpose(1, 2)
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
-        repeat = cfg.n_heads // cfg.n_kv_heads
+        repeat = q.shape[1] // k.shape[1]
         k, v = k.repeat_interleave(repeat, dim=1), v.repeat_interleave(repeat, dim=1)
         out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        return self.o_proj(out.transpose(1, 2).reshape(batch, seq, cfg.dim))
+        return self.o_proj(out.transpose(1, 2).reshape(batch, seq, -1))
 
 
 class SwiGLU(nn.Module):

@@ -1,13 +1,18 @@
 """One training run of the tiny Llama under `backend="neuron"`, launched by tests/test_distributed.py.
 
     python tests/distributed_worker.py single OUT_DIR            # one process, the whole global batch
-    python -m torch.distributed.run --nproc_per_node N tests/distributed_worker.py {ddp|fsdp2} OUT_DIR
+    python -m torch.distributed.run --nproc_per_node N tests/distributed_worker.py {ddp|fsdp2|tp|tp_sp|tp_fsdp2} OUT_DIR
 
 Every run trains the same seeded model with SGD for a few steps on one fixed global batch (so the
 loss falls and a wrongly scaled gradient shows in the next step's loss). A distributed rank
-trains on its contiguous share of the batch rows; the gradient all-reduce (DDP) or
-reduce-scatter (FSDP2) averages the ranks' gradients, which equals the single-process gradient
-because every rank holds the same number of tokens. Each rank writes OUT_DIR/rank<R>.json: the
+of a data-parallel run (DDP, FSDP2) trains on its contiguous share of the batch rows; the gradient
+all-reduce (DDP) or reduce-scatter (FSDP2) averages the ranks' gradients, which equals the
+single-process gradient because every rank holds the same number of tokens. A tensor-parallel rank
+(tp: DTensor ColwiseParallel / RowwiseParallel over each block's projections; tp_sp: also
+SequenceParallel norms, the activations between blocks sharded along the sequence) sees the whole
+batch and holds a slice of every projection; its functional collectives are traced into the
+compiled graphs. tp_fsdp2 combines both on a 2-D mesh: FSDP2 across rows of TP_SIZE
+tensor-parallel ranks, each row training on its share of the batch. Each rank writes OUT_DIR/rank<R>.json: the
 global mean loss per step, the norm of every (full) parameter after training, and its
 `neuron_inductor.cache_stats()`.
 """
@@ -37,16 +42,74 @@ def global_batch() -> torch.Tensor:
     return torch.randint(0, CONFIG.vocab_size, (GLOBAL_BATCH, SEQ), generator=generator)
 
 
+TP_SIZE = 2  # tensor-parallel ranks per row of tp_fsdp2's mesh
+
+
+def tensor_parallel_plan(sequence_parallel: bool) -> dict:
+    """parallelize_module's plan for one Block: q / k / v and gate / up split by output features,
+    o_proj / down by input features (one all-reduce each, or a reduce-scatter to sequence shards)."""
+    from torch.distributed.tensor import Shard
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, SequenceParallel
+
+    if not sequence_parallel:
+        heads = ColwiseParallel()  # each rank: its slice of the heads, as plain local tensors
+        return {"attn.q_proj": heads, "attn.k_proj": heads, "attn.v_proj": heads, "attn.o_proj": RowwiseParallel(),
+                "mlp.gate": ColwiseParallel(), "mlp.up": ColwiseParallel(), "mlp.down": RowwiseParallel()}
+    gathered = ColwiseParallel(input_layouts=Shard(1))  # all-gathers the sequence shards first
+    return {"attn_norm": SequenceParallel(), "mlp_norm": SequenceParallel(),
+            "attn.q_proj": gathered, "attn.k_proj": gathered, "attn.v_proj": gathered,
+            "attn.o_proj": RowwiseParallel(output_layouts=Shard(1)),
+            "mlp.gate": ColwiseParallel(input_layouts=Shard(1)), "mlp.up": ColwiseParallel(input_layouts=Shard(1)),
+            "mlp.down": RowwiseParallel(output_layouts=Shard(1))}
+
+
+def parallelize(model: torch.nn.Module, mesh, sequence_parallel: bool) -> torch.nn.Module:
+    """Tensor parallelism over the 1-D `mesh`."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel, SequenceParallel,
+                                                   parallelize_module)
+
+    for block in model.blocks:
+        parallelize_module(block, mesh, tensor_parallel_plan(sequence_parallel))
+    if sequence_parallel:  # the residual stream leaves the embedding as sequence shards, the logits are whole
+        parallelize_module(model, mesh, {
+            "embed": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
+            "norm": SequenceParallel(),
+            "lm_head": ColwiseParallel(input_layouts=Shard(1), output_layouts=Replicate())})
+    return model
+
+
+def fully_shard_blocks(model: torch.nn.Module, mesh=None) -> torch.nn.Module:
+    from torch.distributed.fsdp import fully_shard
+
+    for block in model.blocks:
+        fully_shard(block, mesh=mesh)
+    return fully_shard(model, mesh=mesh)
+
+
 def wrap(model: torch.nn.Module, mode: str) -> torch.nn.Module:
+    from torch.distributed.device_mesh import init_device_mesh
+
     if mode == "ddp":
         return torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=DDP_BUCKET_CAP_MB)
     if mode == "fsdp2":
-        from torch.distributed.fsdp import fully_shard
-
-        for block in model.blocks:
-            fully_shard(block)
-        return fully_shard(model)
+        return fully_shard_blocks(model)
+    if mode in ("tp", "tp_sp"):
+        return parallelize(model, init_device_mesh("cpu", (dist.get_world_size(),)), sequence_parallel=mode == "tp_sp")
+    if mode == "tp_fsdp2":  # a 2-D mesh: FSDP2 over rows ("dp"), tensor parallelism within each row ("tp")
+        mesh = init_device_mesh("cpu", (dist.get_world_size() // TP_SIZE, TP_SIZE), mesh_dim_names=("dp", "tp"))
+        return fully_shard_blocks(parallelize(model, mesh["tp"], sequence_parallel=False), mesh["dp"])
     return model
+
+
+def data_parallel_share(mode: str) -> tuple[int, int]:
+    """(index, count): this rank trains on share `index` of `count` equal shares of the batch rows."""
+    if mode in ("single", "tp", "tp_sp"):
+        return 0, 1
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if mode == "tp_fsdp2":  # init_device_mesh numbers ranks row-major: rank = dp * TP_SIZE + tp
+        return rank // TP_SIZE, world // TP_SIZE
+    return rank, world
 
 
 def full_parameter_norms(model: torch.nn.Module) -> dict[str, float]:
@@ -59,24 +122,27 @@ def full_parameter_norms(model: torch.nn.Module) -> dict[str, float]:
 
 def train(mode: str, backend: str = "neuron") -> dict:
     rank, world = (dist.get_rank(), dist.get_world_size()) if mode != "single" else (0, 1)
-    rows = GLOBAL_BATCH // world
+    share, shares = data_parallel_share(mode)
+    rows = GLOBAL_BATCH // shares
     model = wrap(TinyLlama(CONFIG), mode)
     compiled = torch.compile(model, backend=backend)
     optimizer = torch.optim.SGD(model.parameters(), lr=LR)
     losses = []
-    ids = global_batch()[rank * rows:(rank + 1) * rows]
+    ids = global_batch()[share * rows:(share + 1) * rows]
     for _ in range(STEPS):
         optimizer.zero_grad()
         loss = compiled(ids, ids)
         loss.backward()
         optimizer.step()
         mean_loss = loss.detach().clone()
-        if world > 1:
+        if shares > 1:  # (tensor-parallel peers hold equal losses: the world's mean is the shares' mean)
             dist.all_reduce(mean_loss, op=dist.ReduceOp.AVG)
         losses.append(mean_loss.item())
     forward_graphs = sum(1 for program in COMPILED_PROGRAMS if program["kind"] == "forward")
+    report = neuron_inductor.report()
     return {"rank": rank, "world": world, "losses": losses, "param_norms": full_parameter_norms(model),
-            "forward_graphs": forward_graphs, "cache": neuron_inductor.cache_stats()}
+            "forward_graphs": forward_graphs, "cache": neuron_inductor.cache_stats(),
+            "collectives": report.collectives, "fallbacks": [f["op"] for f in report.fallbacks]}
 
 
 def main() -> None:

@@ -1,6 +1,6 @@
 """Render the host wrapper: plain Python that runs a lowered graph's steps in order.
 
-The wrapper calls generated kernels (`kernels.<name>(...)`), runs host views and fallbacks as
+The wrapper calls generated kernels (`kernels.<name>(...)`), runs host views, collectives and fallbacks as
 ATen calls written out literally (`aten.view.default(buf3, [4, 32])`), and returns the graph's
 outputs. It is self-contained source, so it is cached on disk and dumped as-is.
 """
@@ -104,6 +104,9 @@ def render_wrapper(gm: fx.GraphModule, lowered: LoweredGraph, name: str = "run")
                 lines.append(f"{value_name(node)} = {_call_source(node, names, namespaces)}  # host: size arithmetic")
             elif step.kind == "alloc":
                 lines.append(f"{value_name(node)} = {_call_source(node, names, namespaces)}  # allocation: no data moves")
+            elif step.kind == "collective":
+                lines.append(f"{value_name(node)} = {_call_source(node, host_names(), namespaces)}"
+                             "  # communication: through the process group")
             elif step.kind == "view":
                 lines.append(f"{value_name(node)} = {_call_source(node, names, namespaces)}  # view: no data moves")
             else:

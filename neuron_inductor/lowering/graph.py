@@ -3,7 +3,8 @@
 Walks the graph in order. Pointwise nodes of one output shape gather into an open fusion group
 that stays open across unrelated nodes and is emitted (as one kernel) as soon as something outside
 it needs one of its values. Every other node becomes a kernel through its registered lowering, a
-host view, or — when no lowering takes it — an explicit fallback with the reason.
+host view, a communication step (functional collectives, run through their process group), or —
+when no lowering takes it — an explicit fallback with the reason.
 
 Kernels write contiguous outputs, while eager ops may return other layouts (CPU SDPA returns a
 permuted one), so a `view` that was legal in eager can be illegal on our tensors. The walk tracks
@@ -23,7 +24,8 @@ from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 from ..tile_program import constant_scalar
 from . import matmul, pointwise
 from .ir import HostStep, KernelSpec, KernelStep, Step, Unsupported
-from .registry import ALLOCATIONS, FALLBACKS, LOWERINGS, RNG_WRAPPERS, SIZE_OPS, VIEW_OPS, load_lowerings
+from .registry import (ALLOCATIONS, COLLECTIVES, FALLBACKS, LOWERINGS, RNG_WRAPPERS, SIZE_OPS, VIEW_OPS,
+                       load_lowerings)
 
 
 class FallbackError(RuntimeError):
@@ -252,6 +254,10 @@ def lower_graph(gm: fx.GraphModule, fallback_mode: str = "warn",
         if node.target in ALLOCATIONS:
             steps.append(HostStep(node, "alloc"))
             layouts.set_from_value(node, contiguous=False)
+            continue
+        if node.target in COLLECTIVES:
+            steps.append(HostStep(node, "collective"))
+            layouts.run(node) or layouts.set_from_value(node, contiguous=False)
             continue
         if node.target is operator.getitem or node.target in VIEW_OPS:
             steps.append(HostStep(node, "view"))

@@ -54,7 +54,7 @@ class KernelStep:
 @dataclass
 class HostStep:
     node: fx.Node
-    kind: str  # "view" | "alloc" | "fallback" | "constant" | "scalar" (Python arithmetic on sizes)
+    kind: str  # "view" | "alloc" | "fallback" | "constant" | "collective" | "scalar" (Python arithmetic on sizes)
     reason: str = ""
 
 

@@ -1,10 +1,12 @@
 """The pointwise family: ATen elementwise ops as tile programs, fused into `pointwise` kernels.
 
-Each op registers in the one lowering registry with `register_pointwise(op, accepts=...)`: an
+Each op registers in the one lowering registry with `register_pointwise(op, refuses=...)`: an
 emit rule writing the op's tile-program instructions (`ProgramBuilder` primitives and numerics
-composites, see `neuron_inductor/tile_program`) and, optionally, an argument check. The graph
+composites, see `neuron_inductor/tile_program`) and, optionally, an argument check saying why
+some arguments are not taken. The graph
 lowering (`lowering/graph.py`) gathers pointwise nodes of one output shape into groups:
-- `is_pointwise(node)`: the node is an elementwise op this family computes for these arguments.
+- `is_pointwise(node)`: the node is an elementwise op this family computes for these arguments;
+  `refusal(node)` says why not (None when it is).
 - `lower_pointwise_group(nodes, outputs) -> KernelSpec`: one `pointwise` kernel computing `nodes`
   (topologically ordered, one output shape) and returning the values of `outputs`.
   Values produced outside the group become HBM inputs read with their own logical shape
@@ -33,56 +35,63 @@ from .registry import LOWERINGS, register_lowering
 aten = torch.ops.aten
 
 EmitRule = Callable[[ProgramBuilder, dict], Ref]
-ArgumentCheck = Callable[[fx.Node, dict], bool]
+ArgumentCheck = Callable[[fx.Node, dict], "str | None"]
 
 
 @dataclass(frozen=True)
 class PointwiseLowering:
     """A pointwise op's registry entry. `emit(builder, arguments)` writes the op's instructions
-    and returns its value (arguments as `tile_program.node_arguments` binds them); `accepts(node,
-    bound_arguments)` says whether the op's arguments are ones `emit` computes (None: all are)."""
+    and returns its value (arguments as `tile_program.node_arguments` binds them); `refuses(node,
+    bound_arguments)` says why the kernels do not take these arguments of the op (None: they do;
+    no check: every argument is taken)."""
 
     emit: EmitRule
-    accepts: ArgumentCheck | None = None
+    refuses: ArgumentCheck | None = None
 
-    def takes(self, node: fx.Node) -> bool:
-        """Whether this node's dtypes and arguments are ones the pointwise kernels compute."""
-        val = node.meta.get("val")
-        if not isinstance(val, torch.Tensor) or val.dtype not in SUPPORTED_DTYPES:
-            return False
-        for arg in node.all_input_nodes:
-            arg_val = arg.meta.get("val")
-            if isinstance(arg_val, torch.Tensor) and arg_val.dtype not in SUPPORTED_DTYPES:
-                return False
+    def refusal(self, node: fx.Node) -> str | None:
+        """Why the pointwise kernels do not compute this node (None: they do): a result that is not
+        a tensor, a dtype with no on-chip type (float64, complex), or arguments they do not take."""
+        values = [node.meta.get("val")] + [arg.meta.get("val") for arg in node.all_input_nodes]
+        if not isinstance(values[0], torch.Tensor):
+            return "its result is not a tensor"
+        unsupported = sorted({str(v.dtype).removeprefix("torch.") for v in values
+                              if isinstance(v, torch.Tensor) and v.dtype not in SUPPORTED_DTYPES})
+        if unsupported:
+            return f"dtype {', '.join(unsupported)} has no on-chip type"
         if any(isinstance(v, complex) for v in (*node.args, *node.kwargs.values())):
-            return False
-        return self.accepts is None or self.accepts(node, bind_arguments(node))
+            return "a complex scalar argument"
+        refused = None if self.refuses is None else self.refuses(node, bind_arguments(node))
+        return None if refused is None else f"the pointwise kernels do not take {refused}"
 
     def __call__(self, node: fx.Node) -> KernelSpec:
-        if not self.takes(node):
-            values = [node.meta.get("val")] + [n.meta.get("val") for n in node.all_input_nodes]
-            dtypes = sorted({str(v.dtype).removeprefix("torch.") for v in values if isinstance(v, torch.Tensor)})
-            raise Unsupported(f"the pointwise kernels do not take these arguments (dtypes {', '.join(dtypes)})")
+        refused = self.refusal(node)
+        if refused is not None:
+            raise Unsupported(refused)
         return lower_pointwise_group([node], [node])
 
 
 def register_pointwise(*ops: torch._ops.OpOverload,
-                       accepts: ArgumentCheck | None = None) -> Callable[[EmitRule], EmitRule]:
+                       refuses: ArgumentCheck | None = None) -> Callable[[EmitRule], EmitRule]:
     """Register `ops` as pointwise (the Inductor `make_pointwise` of this backend): the decorated
-    function is their emit rule; `accepts` restricts the arguments they take."""
+    function is their emit rule; `refuses` names arguments they do not take."""
     def decorate(emit: EmitRule) -> EmitRule:
-        register_lowering(*ops)(PointwiseLowering(emit, accepts))
+        register_lowering(*ops)(PointwiseLowering(emit, refuses))
         return emit
 
     return decorate
 
 
+def refusal(node: fx.Node) -> str | None:
+    """Why this family does not compute `node` (None: it does)."""
+    entry = LOWERINGS.get(node.target) if node.op == "call_function" else None
+    if not isinstance(entry, PointwiseLowering):
+        return "not an elementwise op"
+    return entry.refusal(node)
+
+
 def is_pointwise(node: fx.Node) -> bool:
     """True if `node` is an elementwise op this family computes (op supported for these args/dtypes)."""
-    if node.op != "call_function":
-        return False
-    entry = LOWERINGS.get(node.target)
-    return isinstance(entry, PointwiseLowering) and entry.takes(node)
+    return refusal(node) is None
 
 
 def lower_pointwise_group(nodes: list[fx.Node], outputs: list[fx.Node]) -> KernelSpec:
@@ -184,8 +193,9 @@ def _expm1(b, a):
     return b.expm1(b.ref(a["self"]))
 
 
-@register_pointwise(aten.elu.default, accepts=lambda node, a: all(
-    isinstance(a[k], (int, float)) for k in ("alpha", "scale", "input_scale")))
+@register_pointwise(aten.elu.default, refuses=lambda node, a: None if all(
+    isinstance(a[k], (int, float)) for k in ("alpha", "scale", "input_scale"))
+    else "alpha / scale / input_scale that are not real numbers")
 def _elu(b, a):
     # scale * max(x, 0) + alpha * scale * expm1(min(x, 0) * input_scale): the exponential only
     # sees x <= 0, so no branch overflows (selu and elu arrive here; celu decomposes to expm1).
@@ -281,12 +291,14 @@ def _integral(b, a):
     return b.integral(x, a["__op__"].__name__.split(".")[-1])
 
 
-def _nonnegative_decimals(node, a):
+def _negative_decimals(node, a):
     # negative decimals divide before rounding: reciprocal + multiply could move ties
-    return node.meta["val"].dtype.is_floating_point and a["decimals"] >= 0
+    if not node.meta["val"].dtype.is_floating_point or a["decimals"] < 0:
+        return "negative decimals or an integer input"
+    return None
 
 
-@register_pointwise(aten.round.decimals, accepts=_nonnegative_decimals)
+@register_pointwise(aten.round.decimals, refuses=_negative_decimals)
 def _round_decimals(b, a):
     # eager: nearbyint(x * 10**d) / 10**d in fp32 (bf16 too); the division is reciprocal + multiply
     # (one extra rounding)
@@ -295,7 +307,8 @@ def _round_decimals(b, a):
     return b.div(b.integral(scaled, "round"), ten_pow)
 
 
-@register_pointwise(aten.pow.Tensor_Scalar, accepts=lambda node, a: isinstance(a["exponent"], (int, float)))
+@register_pointwise(aten.pow.Tensor_Scalar, refuses=lambda node, a: (
+    None if isinstance(a["exponent"], (int, float)) else "an exponent that is not a real number"))
 def _pow_scalar(b, a):
     x, e = b.ref(a["self"]), a["exponent"]
     if e == 0:
@@ -317,7 +330,8 @@ def _pow_tensor(b, a):
     return b.alu("power", b.ref(a["self"]), b.ref(a["exponent"]))
 
 
-@register_pointwise(aten.pow.Scalar, accepts=lambda node, a: isinstance(a["self"], (int, float)) and a["self"] > 0)
+@register_pointwise(aten.pow.Scalar, refuses=lambda node, a: (
+    None if isinstance(a["self"], (int, float)) and a["self"] > 0 else "a base that is not a positive number"))
 def _pow_base(b, a):
     base, x = a["self"], b.ref(a["exponent"])
     return b.act("exp", x, scale=math.log(base))
@@ -374,9 +388,9 @@ def _logical(b, a):
     return b.alu(_LOGICAL[a["__op__"]], b.ref(a["self"]), b.ref(a["other"]))
 
 
-def _bool_result(node, a):
+def _not_bool(node, a):
     # bitwise ops are the logical ones only on booleans
-    return node.meta["val"].dtype == torch.bool
+    return None if node.meta["val"].dtype == torch.bool else "bitwise ops on integers (only on bool)"
 
 
 def _logical_not(b, a):
@@ -385,9 +399,9 @@ def _logical_not(b, a):
 
 register_pointwise(aten.logical_and.default, aten.logical_or.default, aten.logical_xor.default)(_logical)
 register_pointwise(aten.bitwise_and.Tensor, aten.bitwise_or.Tensor, aten.bitwise_xor.Tensor,
-                   accepts=_bool_result)(_logical)
+                   refuses=_not_bool)(_logical)
 register_pointwise(aten.logical_not.default)(_logical_not)
-register_pointwise(aten.bitwise_not.default, accepts=_bool_result)(_logical_not)
+register_pointwise(aten.bitwise_not.default, refuses=_not_bool)(_logical_not)
 
 
 @register_pointwise(aten.isnan.default)
@@ -401,12 +415,22 @@ def _isinf(b, a):
     return b.ts(b.act("abs", b.ref(a["self"]), dtype="float32"), "equal", math.inf)
 
 
-_KEPT_LAYOUT = (None, torch.preserve_format, torch.contiguous_format)
+# Memory formats a copy may ask for. Kernels write contiguous tensors and every reader (kernel,
+# host view, fallback) goes through the strides the value really has (graph.py tracks them), so a
+# copy into channels_last is the same values in another layout: a layout no-op for our kernels.
+_STRIDED_MEMORY_FORMATS = (None, torch.preserve_format, torch.contiguous_format, torch.channels_last,
+                           torch.channels_last_3d)
 
 
-@register_pointwise(aten._to_copy.default, accepts=lambda node, a: (
-    a.get("layout") in (None, torch.strided) and a.get("memory_format") in _KEPT_LAYOUT))
-@register_pointwise(aten.clone.default, accepts=lambda node, a: a.get("memory_format") in _KEPT_LAYOUT)
+def _copy_refusal(node, a):
+    if a.get("layout") not in (None, torch.strided):
+        return f"layout {a['layout']} (only strided tensors live in HBM)"
+    if a.get("memory_format") not in _STRIDED_MEMORY_FORMATS:
+        return f"memory_format {a['memory_format']}"
+    return None
+
+
+@register_pointwise(aten._to_copy.default, aten.clone.default, refuses=_copy_refusal)
 def _copy(b, a):
     x = b.ref(a["self"])
     if b.node_dtype == "int32" and b.dtype_of(x) not in ("int32", "uint8", "int8", "int16"):
@@ -422,8 +446,13 @@ def _full(b, a):
     return float(value) if b.node_dtype == "float32" else int(value)
 
 
-@register_pointwise(aten.arange.start_step, aten.arange.start, aten.arange.default, accepts=lambda node, a: all(
-    isinstance(a.get(k, 0), (int, float)) for k in ("start", "end", "step")))
+def _runtime_bounds(node, a):
+    if all(isinstance(a.get(k, 0), (int, float)) for k in ("start", "end", "step")):
+        return None
+    return "start / end / step known only at run time"
+
+
+@register_pointwise(aten.arange.start_step, aten.arange.start, aten.arange.default, refuses=_runtime_bounds)
 def _arange(b, a):
     start, step = a.get("start", 0), a.get("step", 1)
     index = b.emit("iota", (), "int32")

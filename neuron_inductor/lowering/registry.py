@@ -3,7 +3,7 @@
 - `LOWERINGS`: the kernel lowering of an op. Lowering modules register with `register_lowering`
   (pointwise ops with `lowering.pointwise.register_pointwise`); `load_lowerings()` imports the
   modules of `LOWERING_MODULES`.
-- `VIEW_OPS`, `ALLOCATIONS`, `SIZE_OPS`, `RNG_WRAPPERS`: host steps (no kernel).
+- `VIEW_OPS`, `ALLOCATIONS`, `SIZE_OPS`, `RNG_WRAPPERS`, `COLLECTIVES`: host steps (no kernel).
 - `FALLBACKS`: deliberate eager fallbacks, with the reason the user sees.
 - `KEPT_WHOLE`: ops the decomposition table leaves whole because a lowering takes them.
 - `PAD_RULES`: how `passes/pad_safety.py` makes an op safe on padded data (`@pad_rule(op)`); ops
@@ -65,6 +65,18 @@ SIZE_OPS = {
     aten.sym_size.int, aten.sym_stride.int, aten.sym_numel.default, aten.sym_storage_offset.default,
     aten._assert_scalar.default, aten.sym_constrain_range.default,
     aten.sym_constrain_range_for_size.default,
+}
+
+# Functional collectives (torch.distributed._functional_collectives; DTensor and FSDP2 trace to them):
+# communication steps of the program, run by the host through the op's process group (gloo on CPU,
+# the device's collective backend on a Neuron host). Each returns a new tensor; `wait_tensor` marks
+# where its result is needed (a no-op for a collective that already completed).
+_c10d = torch.ops._c10d_functional
+COLLECTIVES = {
+    _c10d.all_reduce.default, _c10d.all_reduce_coalesced.default, _c10d.all_gather_into_tensor.default,
+    _c10d.all_gather_into_tensor_coalesced.default, _c10d.reduce_scatter_tensor.default,
+    _c10d.reduce_scatter_tensor_coalesced.default, _c10d.all_to_all_single.default, _c10d.broadcast.default,
+    _c10d.wait_tensor.default,
 }
 
 # Wrappers the partitioner puts around a random op of a checkpointed region -> position of the

@@ -52,6 +52,7 @@ def summarize(bucket: session.CompiledBucket) -> dict[str, Any]:
         "kernels": kernels,
         "fallbacks": fallbacks,
         "views": meta.get("views", 0),
+        "collectives": meta.get("collectives", []),  # communication steps, by op
         "flops": {"kernels": kernel_flops, "fallbacks": fallback_flops,
                   "kernel_share": _share(kernel_flops, fallback_flops)},
         "padding": bucket.padding,
@@ -85,6 +86,10 @@ class Report:
         return [f for b in self.buckets for f in b["fallbacks"]]
 
     @property
+    def collectives(self) -> list[str]:
+        return [op for b in self.buckets for op in b.get("collectives", [])]
+
+    @property
     def kernel_flop_share(self) -> float | None:
         return _share(sum(b["flops"]["kernels"] for b in self.buckets),
                       sum(b["flops"]["fallbacks"] for b in self.buckets))
@@ -116,7 +121,8 @@ class Report:
             "source": self.source,
             "totals": {
                 "buckets": len(self.buckets), "kernels": len(self.kernels), "fallbacks": len(self.fallbacks),
-                "kernel_flop_share": self.kernel_flop_share, "padding_waste": self.padding_waste,
+                "collectives": len(self.collectives), "kernel_flop_share": self.kernel_flop_share,
+                "padding_waste": self.padding_waste,
                 "target": self.target, "estimated_seconds": self.estimated_seconds,
                 "cache": dict(self.cache_events),
             },
@@ -136,6 +142,7 @@ class Report:
             "",
             f"total: {len(self.kernels)} kernel(s), {len(self.fallbacks)} fallback(s)"
             f"{f' ({listed})' if listed else ''}; "
+            f"{_communication(self.collectives)}"
             f"FLOPs in kernels {_percent(self.kernel_flop_share)}; padding waste {_percent(self.padding_waste)}; "
             f"estimated {self.target} time {_micros(self.estimated_seconds)}",
         ]
@@ -145,6 +152,14 @@ class Report:
         return "\n".join(lines)
 
     __repr__ = __str__
+
+
+def _communication(collectives: list[str]) -> str:
+    """'N communication step(s) (op xn, ...); ' or nothing for a graph without collectives."""
+    if not collectives:
+        return ""
+    listed = ", ".join(f"{op} x{n}" for op, n in sorted(Counter(collectives).items()))
+    return f"{len(collectives)} communication step(s) ({listed}); "
 
 
 def _percent(value: float | None) -> str:
@@ -162,6 +177,7 @@ def _bucket_lines(bucket: dict[str, Any]) -> list[str]:
         f"graph {graph['index']} {graph['kind']} of {graph['function']}() (Dynamo compile {graph['compile_id']}) "
         f"bucket {bucket['bucket']['index']} ({bucket['bucket']['label']})",
         f"  {len(bucket['kernels'])} kernel(s), {len(bucket['fallbacks'])} fallback(s), {bucket['views']} view(s); "
+        f"{_communication(bucket.get('collectives', []))}"
         f"FLOPs in kernels {_percent(bucket['flops']['kernel_share'])}; "
         f"padding waste {_percent(padding['fraction'] if padding else None)}; "
         f"estimated {bucket['target']} time {_micros(bucket['estimated_seconds'])}",

@@ -183,6 +183,29 @@ def test_moe_router_masks_the_first_expert_with_neg_inf_through_compile(tmp_path
     assert_close(others, ref_others)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_boolean_mask_fill_through_compile_is_a_pointwise_where(dtype, tmp_path):
+    """`x[mask] = v` with a mask over the leading dims (DTensor's vocabulary-parallel embedding) runs
+    as a `where` kernel (fallback="error"), forward and backward, with eager's values."""
+    def fill(x, ids):
+        out = x * 2
+        out[ids >= 100] = 0.0
+        return out
+
+    x, ids = torch.randn(3, 130, 7, dtype=dtype, requires_grad=True), torch.randint(0, 200, (3, 130))
+    torch._dynamo.reset()
+    try:
+        with config.patch(fallback="error", cache_dir=str(tmp_path)):
+            got = torch.compile(fill, backend="neuron")(x, ids)
+            got.sum().backward()
+    finally:
+        torch._dynamo.reset()
+    grad, x.grad = x.grad, None
+    want = fill(x, ids)
+    want.sum().backward()
+    assert torch.equal(got, want) and torch.equal(grad, x.grad)
+
+
 def test_cross_entropy_backward_scatter_of_a_constant_into_zeros():
     logits, target = torch.randn(6, 30), torch.randint(0, 30, (6,))
     fn = lambda t, y: torch.zeros_like(t).scatter(1, y.unsqueeze(1), -1.0)  # noqa: E731
