@@ -26,6 +26,7 @@ import torch.fx as fx
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from neuron_inductor import sim
+from neuron_inductor.codegen.kernel_args import kernel_argument
 from neuron_inductor.codegen.render import render_kernel
 from neuron_inductor.decompositions import neuron_decompositions
 from neuron_inductor.lowering.registry import LOWERINGS, load_lowerings
@@ -99,7 +100,7 @@ def run_case(case: BenchCase) -> Row:
     spec.name = f"k0_{spec.family}"
     kernel = sim.load_kernels(render_kernel(spec), f"{spec.name}.py")[spec.name]
     values = _node_values(gm, args)
-    inputs = [values[n] for n in spec.inputs]
+    inputs = [kernel_argument(values[n]) for n in spec.inputs]
     start = time.perf_counter()
     with sim.trace() as recorded:
         kernel(*inputs)

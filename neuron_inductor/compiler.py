@@ -1,8 +1,9 @@
 """Compile one static ATen graph: lower -> render kernels and wrapper -> toolchain build.
 
 `compile_static_graph` produces a `CompiledArtifact` (plain text and JSON-able metadata, so the
-disk cache can store it); `compile_and_build` adds the toolchain build and, with the interpreter, runs
-every kernel once on zeros to check the hardware rules before real data reaches it (a kernel that
+disk cache can store it); `compile_and_build` adds the toolchain build and, whichever toolchain runs the
+kernels, runs every kernel once in the interpreter on zeros to check the hardware rules before real
+data reaches it (a kernel that
 breaks one is reported by name and rule; where fallback is allowed the graph is lowered again with
 that kernel's ops on the host). `Program` loads an artifact into something callable.
 """
@@ -19,6 +20,7 @@ import torch
 import torch.fx as fx
 
 from . import sim
+from .codegen.kernel_args import kernel_dtype, kernel_shape
 from .codegen.render import render_kernel, template_hash, unnamed
 from .codegen.wrapper import render_wrapper
 from .lowering.graph import LoweredGraph, lower_graph, op_name
@@ -27,6 +29,7 @@ from .nki_ops import lowering as user_kernels
 from .observe import progress
 from .observe.accounting import node_flops
 from .toolchain import Toolchain
+from .toolchain.simulator import SimulatorToolchain
 
 log = logging.getLogger("neuron_inductor")
 
@@ -55,7 +58,13 @@ def _describe_kernel(spec: KernelSpec) -> dict[str, Any]:
         "inputs": [shape(n) for n in spec.inputs],
         "outputs": [shape(o) for o in spec.outputs],
         "ops": sorted({op_name(o) for o in spec.outputs if isinstance(o, fx.Node)}),
+        "written_arguments": spec.written_arguments,
     }
+
+
+def written_arguments(artifact: CompiledArtifact) -> dict[str, list[int]]:
+    """Per kernel, the positions of the arguments it writes into."""
+    return {k["name"]: k.get("written_arguments", []) for k in artifact.meta.get("kernels", [])}
 
 
 def _kernel_nodes(spec: KernelSpec) -> set[fx.Node]:
@@ -107,11 +116,12 @@ class KernelRuleViolation(RuntimeError):
         self.error = error
 
 
-def _check_input(node: fx.Node, narrowed: set[fx.Node]) -> torch.Tensor:
-    """A zero tensor shaped like a kernel argument will be at run time."""
-    val = node.meta["val"]
-    dtype = torch.int32 if node in narrowed else val.dtype
-    return torch.zeros([int(s) for s in val.shape], dtype=dtype)
+def _check_arguments(spec: KernelSpec) -> list[torch.Tensor]:
+    """Zero tensors shaped like the kernel's arguments will be at run time (kernel_args), the output
+    buffer of a kernel without inputs included."""
+    values = list(spec.inputs) + ([spec.outputs[0]] if spec.output_argument else [])
+    vals = [v.meta["val"] if isinstance(v, fx.Node) else v for v in values]
+    return [torch.zeros(kernel_shape(val.shape), dtype=kernel_dtype(val.dtype)) for val in vals]
 
 
 def check_kernels(kernels: dict[str, Callable], sources: dict[str, str], lowered: LoweredGraph,
@@ -124,12 +134,11 @@ def check_kernels(kernels: dict[str, Callable], sources: dict[str, str], lowered
     give each kernel's cost estimate for `target`, returned by kernel name. Raises
     `KernelRuleViolation` naming the first kernel that breaks a rule.
     """
-    narrowed = lowered.int32_values()
     estimates: dict[str, dict] = {}
     checked: dict[tuple, dict] = {}  # a model's repeated layers repeat kernels: each is run once
     for index, spec in enumerate(lowered.kernels):
         progress.kernel_step("check", index, len(lowered.kernels), spec.name)
-        args = [_check_input(node, narrowed) for node in spec.inputs]
+        args = _check_arguments(spec)
         same = (unnamed(sources[spec.name], spec.name), tuple((tuple(a.shape), a.dtype) for a in args))
         if same in checked:
             estimates[spec.name] = checked[same]
@@ -154,14 +163,15 @@ def build_kernels(toolchain: Toolchain, artifact: CompiledArtifact) -> dict[str,
     """The artifact's kernels as `toolchain` builds them: generated ones from their source, nki_op ones
     as steps running the user's kernels (built by the same toolchain)."""
     users = artifact.meta.get("user_kernels", {})
-    kernels = toolchain.build({name: s for name, s in artifact.kernel_sources.items() if name not in users})
+    kernels = toolchain.build({name: s for name, s in artifact.kernel_sources.items() if name not in users},
+                              written_arguments(artifact))
     kernels.update(user_kernels.build_steps(users, toolchain))
     return kernels
 
 
 def compile_and_build(gm: fx.GraphModule, fallback_mode: str, toolchain: Toolchain,
                       target: str) -> tuple[CompiledArtifact, LoweredGraph, dict[str, Callable]]:
-    """Compile a static graph and build its kernels; with the interpreter, check them first.
+    """Compile a static graph and build its kernels; check them in the interpreter first.
 
     A kernel that breaks a hardware rule is reported by name and rule; where fallback is allowed the
     graph is lowered again with that kernel's ops on the host (and checked again), so no user data
@@ -173,11 +183,11 @@ def compile_and_build(gm: fx.GraphModule, fallback_mode: str, toolchain: Toolcha
         start = time.perf_counter()
         kernels = build_kernels(toolchain, artifact)
         artifact.meta["timings"]["compile"] = time.perf_counter() - start
-        if toolchain.name != "simulator":  # the Neuron compiler checked the rules while building
-            return artifact, lowered, kernels
         start = time.perf_counter()
+        # The interpreter checks the rules before first use whichever toolchain runs the kernels.
+        checked = kernels if toolchain.name == "simulator" else build_kernels(SimulatorToolchain(), artifact)
         try:
-            artifact.meta["estimates"] = check_kernels(kernels, artifact.kernel_sources, lowered, target)
+            artifact.meta["estimates"] = check_kernels(checked, artifact.kernel_sources, lowered, target)
         except KernelRuleViolation as violation:
             if fallback_mode == "error":
                 raise

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import operator
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -35,6 +36,7 @@ from .cache import base_key_parts, get_cache
 from .compiler import CompiledArtifact, Program, compile_and_build
 from .config import NeuronConfig
 from .lowering.graph import LoweredGraph
+from .lowering.registry import VIEW_OPS
 from .passes.pad_safety import PadSafeRewrite
 from .toolchain import select_toolchain
 
@@ -69,6 +71,43 @@ def _output_specs(gm: fx.GraphModule) -> list:
     output_node = next(n for n in gm.graph.nodes if n.op == "output")
     outputs = output_node.args[0] if isinstance(output_node.args[0], (list, tuple)) else [output_node.args[0]]
     return [_value_spec(o.meta.get("val")) if isinstance(o, fx.Node) else None for o in outputs]
+
+
+def _input_views(gm: fx.GraphModule) -> dict[int, fx.GraphModule]:
+    """Outputs that are views of a graph input (through view ops and size arithmetic alone), each as
+    a graph that makes it from the inputs.
+
+    AOTAutograd rebuilds an output that aliases an input from the returned tensor's sizes, strides
+    and offset, applied to the caller's input. A padded run returns such an output computed at the
+    bucket (or gathered by the pad-safety pass), whose strides and offset are not eager's; the view
+    made of the real-size input is."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    output_node = next(n for n in gm.graph.nodes if n.op == "output")
+    outputs = output_node.args[0] if isinstance(output_node.args[0], (list, tuple)) else [output_node.args[0]]
+
+    def view_chain(node: fx.Node, chain: dict) -> bool:
+        if node.op == "placeholder" or node in chain:
+            return True
+        is_size = isinstance(node.meta.get("val"), (int, torch.SymInt))
+        if node.op != "call_function" or not (is_size or node.target in VIEW_OPS or node.target is operator.getitem):
+            return False
+        if not all(view_chain(arg, chain) for arg in node.all_input_nodes):
+            return False
+        chain[node] = None
+        return True
+
+    views = {}
+    for index, node in enumerate(outputs):
+        chain: dict[fx.Node, None] = {}
+        if isinstance(node, fx.Node) and node.op == "call_function" and view_chain(node, chain):
+            graph, env = fx.Graph(), {}
+            for placeholder in placeholders:
+                env[placeholder] = graph.node_copy(placeholder)
+            for needed in chain:  # in dependency order: each node after its inputs
+                env[needed] = graph.node_copy(needed, lambda n: env[n])
+            graph.output(env[node])
+            views[index] = fx.GraphModule(gm, graph)
+    return views
 
 
 def _saved_outputs_start(kind: str, num_outputs: int) -> int:
@@ -113,6 +152,7 @@ class GraphRunner:
         self.input_dtypes = [str(v.dtype) for v in example_inputs if isinstance(v, torch.Tensor)]
         self.output_specs = _output_specs(gm)
         self.saved_from = _saved_outputs_start(kind, len(self.output_specs))
+        self.input_views = {i: g for i, g in _input_views(gm).items() if i < self.saved_from}
         placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
         self.mutated_inputs = sorted({placeholders.index(n.args[0]) for n in gm.graph.nodes
                                       if n.target is torch.ops.aten.copy_.default and n.args[0] in placeholders})
@@ -210,6 +250,9 @@ class GraphRunner:
                 finished[index] = evaluate(spec, real)
             elif index < self.saved_from and isinstance(value, torch.Tensor):
                 finished[index] = bucketing.slice_tensor(value, spec, real, padded)
+        if plan.mode == "padded":
+            for index, view in self.input_views.items():
+                finished[index] = view(*args)
         return finished
 
     # -- compiling ---------------------------------------------------------------------------

@@ -150,6 +150,11 @@ CASES = {
     "merged_batch_major_output": Case(lambda x: x.reshape(-1, 3) * 2, _seq(), [(0, 1)]),
     "merged_length_major_output_runs_unpadded": Case(lambda x: x.transpose(0, 1).reshape(-1, 3) * 2, _seq(),
                                                      [(0, 1)], mode="exact"),
+    "view_of_an_input_at_the_real_end": Case(lambda x: (x.narrow(1, x.shape[1] - 2, 2), x[:, 1:], x * 2),
+                                             _seq(), [(0, 1)]),
+    "positions_computed_from_the_size": Case(
+        lambda x: x.index_select(1, torch.arange(x.shape[1] - 1, -1, -1)) + torch.arange(x.shape[1] + 1, 1, -1)[:, None],
+        _seq(), [(0, 1)]),
     "as_strided_runs_unpadded": Case(lambda x: x.as_strided((2, 2), (1, 1)) * 2,
                                      lambda n, g: [_rand(n, generator=g)], [(0, 0)], mode="exact"),
 }

@@ -27,13 +27,14 @@ import torch
 import torch.fx as fx
 
 from ..lowering.ir import KernelSpec
+from .kernel_args import kernel_shape
 
 NL_DTYPES = {
     torch.float32: "nl.float32", torch.bfloat16: "nl.bfloat16", torch.float16: "nl.float16",
     torch.float8_e4m3fn: "nl.float8_e4m3", torch.float8_e5m2: "nl.float8_e5m2",
     torch.int8: "nl.int8", torch.int16: "nl.int16", torch.int32: "nl.int32", torch.uint8: "nl.uint8",
     torch.bool: "nl.uint8",
-    # NKI has no 64-bit types on chip: int64 HBM tensors are moved through int32 tiles.
+    # NKI has no 64-bit types: the host narrows int64 values to int32 before any kernel call (kernel_args).
     torch.int64: "nl.int32",
 }
 
@@ -76,6 +77,12 @@ class TensorArg:
         graph value produced by a kernel is an int32 tensor (the host wrapper widens it where it
         leaves the kernels); a bool value is nl.bool_ in HBM (uint8 tiles on chip)."""
         return "nl.bool_" if self.torch_dtype == torch.bool else self.dtype
+
+    @property
+    def hbm_shape(self) -> tuple[int, ...]:
+        """The shape to allocate a kernel output with in HBM: HBM tensors are at least 1-D, so a
+        0-d value is a shape-[1] tensor (the host wrapper views it as 0-d)."""
+        return kernel_shape(self.shape)
 
     @property
     def itemsize(self) -> int:
@@ -195,6 +202,10 @@ def _render(family: str, kernel_name: str, inputs: list[TensorArg], outputs: lis
         tree = ast.parse(source, filename=f"{kernel_name}.py")
     except SyntaxError as exc:
         raise TemplateError(f"template {family}.py.j2 rendered invalid Python for {kernel_name}: {exc}") from exc
+    jitted = [node for node in tree.body if isinstance(node, ast.FunctionDef) and node.name == _NAME]
+    if jitted and not jitted[0].args.args:
+        raise TemplateError(f"template {family}.py.j2 rendered {kernel_name} without arguments: nki.jit detects "
+                            f"the framework from the kernel's tensor arguments, so every kernel takes one")
     bare = sorted({node.id for node in ast.walk(tree) if isinstance(node, ast.Name) and node.id in _NON_FINITE_NAMES})
     if bare:
         raise TemplateError(f"template {family}.py.j2 wrote a non-finite float as the bare name(s) {bare} for "

@@ -14,6 +14,7 @@ import torch.fx as fx
 
 from ..lowering.graph import LoweredGraph
 from ..lowering.ir import HostStep, KernelStep
+from .kernel_args import kernel_dtype, kernel_shape
 from .render import environment, literal
 
 
@@ -60,6 +61,14 @@ def _call_source(node: fx.Node, names: dict[fx.Node, str], namespaces: set[str])
     return f"{namespace}.{target.overloadpacket.__name__}.{target._overloadname}({', '.join(args)})"
 
 
+def _kernel_argument(node: fx.Node, name: str, is_int32: bool) -> str:
+    """Source passing a graph value to a kernel (see kernel_args): int64 narrowed, 0-d as shape [1]."""
+    val = node.meta["val"]
+    if val.dtype == torch.int64 and not is_int32:
+        name = f"int32_argument({name})"
+    return f"{name}.reshape(1)" if val.dim() == 0 else name
+
+
 def render_wrapper(gm: fx.GraphModule, lowered: LoweredGraph, name: str = "run") -> tuple[str, list[str]]:
     """Source of `run(args, kernels, constants)`, and the names of the get_attr constants it reads."""
     names: dict[fx.Node, str] = {}
@@ -83,8 +92,27 @@ def render_wrapper(gm: fx.GraphModule, lowered: LoweredGraph, name: str = "run")
     for step in lowered.steps:
         if isinstance(step, KernelStep):
             spec = step.spec
-            call = f"kernels.{spec.name}({', '.join(names[n] for n in spec.inputs)})"
+            arguments, write_backs = [], []
+            for position, node in enumerate(spec.inputs):
+                argument = _kernel_argument(node, names[node], node in narrowed)
+                if argument != names[node] and position in spec.inplace.values():
+                    # The kernel writes into a converted copy: copy it back into the graph value.
+                    copy = f"{names[node]}_arg"
+                    lines.append(f"{copy} = {argument}")
+                    write_backs.append(f"{names[node]}.copy_({copy}.reshape({names[node]}.shape))")
+                    argument = copy
+                arguments.append(argument)
             returned = [out for pos, out in enumerate(spec.outputs) if pos not in spec.inplace]
+            if spec.output_argument:  # the kernel writes its first output into a buffer the host allocates
+                out = returned.pop(0)
+                val = out.meta["val"] if isinstance(out, fx.Node) else out
+                buffer = value_name(out) if isinstance(out, fx.Node) else f"{spec.name}_out"
+                lines.append(f"{buffer} = torch.empty({list(kernel_shape(val.shape))}, "
+                             f"dtype={kernel_dtype(val.dtype)})  # allocation: the kernel's output argument")
+                arguments.append(buffer)
+                if val.dim() == 0:
+                    write_backs.append(f"{buffer} = {buffer}.reshape(())  # kernels return 0-d values as shape [1]")
+            call = f"kernels.{spec.name}({', '.join(arguments)})"
             for pos, inp in spec.inplace.items():
                 names[spec.outputs[pos]] = names[spec.inputs[inp]]
             targets = [value_name(o) if isinstance(o, fx.Node) else "_" for o in returned]
@@ -94,6 +122,10 @@ def render_wrapper(gm: fx.GraphModule, lowered: LoweredGraph, name: str = "run")
                 lines.append(f"{targets[0]} = {call}")
             else:
                 lines.append(f"{', '.join(targets)} = {call}")
+            lines.extend(write_backs)
+            lines.extend(f"{target} = {target}.reshape(())  # kernels return 0-d values as shape [1]"
+                         for target, out in zip(targets, returned)
+                         if isinstance(out, fx.Node) and out.meta["val"].dim() == 0)
         else:
             assert isinstance(step, HostStep)
             node = step.node

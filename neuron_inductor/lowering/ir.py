@@ -45,6 +45,17 @@ class KernelSpec:
     inplace: dict[int, int] = field(default_factory=dict)
     name: str = ""  # assigned by code generation: k<index>_<family>
 
+    @property
+    def output_argument(self) -> bool:
+        """A kernel without inputs takes its first output as an argument (allocated by the host):
+        nki.jit detects the framework from the kernel's tensor arguments."""
+        return not self.inputs and bool(self.outputs)
+
+    @property
+    def written_arguments(self) -> list[int]:
+        """Positions of the arguments the kernel writes into."""
+        return [0] if self.output_argument else sorted(set(self.inplace.values()))
+
 
 @dataclass
 class KernelStep:

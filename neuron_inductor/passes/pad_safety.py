@@ -833,6 +833,29 @@ class _Rewriter:
             result = call(aten.index_select.default, node, dim, source)
         self.replace(node, result, "parts gathered to their real offsets", keep=created)
 
+    @pad_rule(aten.arange.start, aten.arange.start_step,
+              what="a start computed from a padded size counts from the real size")
+    def arange(self, node: fx.Node) -> None:
+        """A range's values come from its start and step; its end only sets its (padded) length. A
+        start computed from a padded size (arange(n - 1, -1, -1)) counts from the real size."""
+        start, step = node.args[0], node.args[2] if len(node.args) > 2 else 1
+        if isinstance(step, fx.Node):
+            raise Unsafe("a range whose step is a size")
+        if not isinstance(start, fx.Node) or not is_padded_expr(size_expr(start.meta["val"]), self.symbols):
+            return
+        keep = set()
+        real_start = self.real_scalar(size_expr(start.meta["val"]))
+        real_length = self.real_scalar(size_expr(tensor_val(node).shape[0]))
+        with self.graph.inserting_before(node.next):
+            keep.add(length := self._call(aten.sym_size.int, node, 0))
+            counts = self._call(aten.arange.start_step, 0, length, 1, **node.kwargs)
+            values = self._call(aten.add.Tensor, self._call(aten.mul.Tensor, counts, step), real_start)
+            # Past the real length the values would leave the range (and an index built from them its
+            # tensor): they repeat the start.
+            below = aten.lt.Tensor if isinstance(real_length, fx.Node) else aten.lt.Scalar
+            result = self._call(aten.where.self, self._call(below, counts, real_length), values, real_start)
+        self.replace(node, result, "starts from the real size", keep=keep)
+
     @pad_rule(*INDEXED_DIMS, what="index values count real positions; negative indices from the real end")
     def indexing(self, node: fx.Node) -> None:
         index_arg, dims = INDEXED_DIMS[node.target](node)

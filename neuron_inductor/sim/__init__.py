@@ -16,12 +16,16 @@ Kernels written for real NKI run unchanged::
 
     python -m neuron_inductor.sim SCRIPT.py ARGS    # run a script written for real NKI
 
-What it enforces: the hardware rules of nki-reference.md §2 (NkiRuleError naming op,
-rule and value), live SBUF / PSUM bytes per partition (NkiCapacityError), NaN-filled
-fresh memory (integers 4), accumulate=True only into written PSUM. Numerics: fp32
-compute, round-to-nearest-even casts into bf16 / fp8 storage, saturating integer casts,
-fp32 PSUM accumulation. Integer HBM arguments may be int64 (token ids): HBM is just
-memory; dma_copy converts them, saturating, into int32 (or other) on-chip tiles.
+What it enforces: the hardware rules of nki-reference.md §2 and of the nki.isa API reference
+(NkiRuleError naming op, rule and value; rules.py cites the documentation of each), live
+SBUF / PSUM bytes per partition (NkiCapacityError), NaN-filled fresh memory (integers 4),
+accumulate=True only into written PSUM. Kernel arguments and HBM tensors are at least 1-D and
+of a dtype in the NKI table (no int64 / float64: narrow on the host). Activation functions
+with a limited valid input range (log, sqrt, rsqrt, reciprocal, sin, arctan) give NaN outside
+it, as the hardware's output is invalid there ($NEURON_INDUCTOR_SIM_STRICT=1 raises instead).
+Numerics: fp32 compute (tensor_scalar arithmetic included, on integer tiles too),
+round-to-nearest-even casts into bf16 / fp8 storage, saturating integer casts, fp32 PSUM
+accumulation.
 
 Environment:
   NEURON_INDUCTOR_SIM_FP32_STORAGE=1   store bf16 / fp8 tiles as unrounded fp32 (the real
@@ -29,6 +33,8 @@ Environment:
   NEURON_PLATFORM_TARGET_OVERRIDE      trn1|gen2, trn2|gen3, trn3|gen4 (default trn2): limits,
                                        capacities and the cost model's default target
                                        (`nki.jit(platform_target=...)` overrides it per kernel)
+  NEURON_INDUCTOR_SIM_STRICT=1         an activation input outside its valid range raises
+                                       NkiRuleError (default: the output there is NaN)
   NEURON_INDUCTOR_SIM_THREADS=N        torch intra-op threads while a kernel runs (default 1:
                                        tile ops are too small to gain; 0 keeps torch's setting)
 

@@ -6,9 +6,9 @@ integers round half to even and saturate (the 0.6 simulator semantics), bools
 store `value != 0`. float8_e4m3 (IEEE-style, max 240) shares its bit grid below 240
 with torch.float8_e4m3fn, so it is stored as e4m3fn and saturated at ±240.
 
-int64 and float64 exist only as HBM dtypes: kernel arguments may carry them (HBM is
-just memory) and dma_copy converts them to on-chip dtypes; an on-chip int64 tile is an
-error because the engines have no 64-bit types.
+int64 and float64 are not NKI dtypes (nki.api.shared.rst, tbl-dtype): they are named here
+only so that a torch tensor of either type is reported by name, as a kernel argument
+(`rules.hbm_tensor`) or a tile (`rules.dtype_on_chip`), instead of failing a lookup.
 """
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ float32 = NkiDtype("float32", 4, torch.float32, "float")
 float8_e4m3 = NkiDtype("float8_e4m3", 1, torch.float8_e4m3fn, "float")
 float8_e4m3fn = NkiDtype("float8_e4m3fn", 1, torch.float8_e4m3fn, "float")
 float8_e5m2 = NkiDtype("float8_e5m2", 1, torch.float8_e5m2, "float")
-# HBM-only: kernel arguments may hold them, on-chip tiles may not.
+# Not NKI dtypes: known only to name them in rule errors.
 int64 = _int("int64", 64, True, torch.int64, on_chip=False)
 float64 = NkiDtype("float64", 8, torch.float64, "float", on_chip=False)
 

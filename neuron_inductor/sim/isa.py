@@ -21,8 +21,10 @@ Interpreter choices where the docs are silent:
 - activation with reduce_res and reduce_cmd=idle reads the ScalarE reduce registers
   unchanged (the documented semantics); reading registers no instruction has set raises.
 - tensor_copy(dtype=...) (a §8 habit) rounds through `dtype` before casting to dst.
-- dma_copy between integer dtypes converts exactly with saturation (int64 HBM ids ->
-  int32 tiles); other dtype changes go through fp32.
+- dma_copy between integer dtypes converts exactly with saturation; other dtype changes go
+  through fp32.
+- tensor_scalar computes arithmetic operators in fp32 even on integer tiles (its docstring);
+  tensor_tensor on int32 operands runs on GpSimd in exact integer arithmetic.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ from . import tensor as tensors
 from .errors import NkiError, NkiIndexError
 from .indirect import IndirectView
 from .registers import VirtualRegister, register_alloc, register_load, register_move, register_store  # noqa: F401
-from .ops import ALU_KINDS, OPS
+from .ops import ALU_KINDS, ALU_UNARY, OPS
 from .tracing import ACTIVE, record
 
 _F32 = torch.float32
@@ -257,12 +259,12 @@ def nc_matmul(dst, stationary, moving, is_stationary_onezero=False, is_moving_on
     target = context.current().target
     k, m = rules.operand(op, "stationary", stationary, _SBUF)
     k2, n = rules.operand(op, "moving", moving, _SBUF)
-    dst_p, dst_n = rules.operand(op, "dst", dst, _PSUM)
+    dst_p, dst_n = rules.operand(op, "dst", dst, _PSUM, psum_banks=None)
     rules.matmul(op, stationary, moving, target, k, m, k2, n, dst_p, dst_n)
+    rules.psum_bank(op, "dst", dst, target.matmul_dst_banks)
     if dst.dtype is not dtypes.float32:
         allowed = {"float32", "bfloat16"} if target.nc_version >= 4 else {"float32"}
         rules.matmul_dst_dtype(op, dst, target, allowed | ({stationary.dtype.name} if is_transpose else set()))
-    rules.psum_bank(op, "dst", dst, target, target.matmul_dst_banks)
     if perf_mode is not matmul_perf_mode.none and perf_mode is not None:
         raise NkiError(f"{op}: perf_mode={perf_mode} is not modelled by the interpreter")
     if tile_position or tile_size:
@@ -310,15 +312,13 @@ def nc_transpose(dst, data, engine=engine.unknown, name=None):
         chosen = "tensor" if getattr(dst, "buffer", None) is tensors.psum else "vector"
     on_tensor_engine = chosen == "tensor"
     p, f = rules.operand(op, "data", data, _SBUF if on_tensor_engine else rules.ON_CHIP)
-    dst_p, dst_f = rules.operand(op, "dst", dst, _PSUM if on_tensor_engine else rules.ON_CHIP)
+    banks = context.current().target.matmul_dst_banks if on_tensor_engine else 1
+    dst_p, dst_f = rules.operand(op, "dst", dst, _PSUM if on_tensor_engine else rules.ON_CHIP, banks)
     rules.transpose_limit(op, chosen, p, f)
     if dst_p != f or dst_f != p:
         rules.fail(op, "dst is [data free, data partitions]", list(dst.data.shape),
                    f"dst has shape {list(dst.data.shape)}, expected [{f}, {p}]")
     rules.same_dtype(op, "dst", dst, "data", data)
-    if on_tensor_engine:
-        target = context.current().target
-        rules.psum_bank(op, "dst", dst, target, target.matmul_dst_banks)
     values = _flat(data).t()
     if data.alloc is dst.alloc:
         values = values.clone()  # in-place transpose of one allocation
@@ -361,15 +361,15 @@ def tensor_scalar(dst, data, op0, operand0, reverse0=False, op1=None, operand1=N
                   engine=engine.unknown, name=None):
     """dst = (data <op0> operand0) <op1> operand1; operands are numbers or fp32 [P, 1] tiles."""
     api = "nisa.tensor_scalar"
-    rules.alu_op(api, "op0", op0, ALU_KINDS)
+    _scalar_op(api, "op0", op0, operand0)
     if op1 is not None:
-        rules.alu_op(api, "op1", op1, ALU_KINDS)
+        _scalar_op(api, "op1", op1, operand1)
     rules.same_op_family(api, op0, op1)
     p, n = _check_elementwise(api, dst, ("data", data))
     bitvec = op0.kind == "bitvec"
-    rules.vector_operand(api, "operand0", operand0, p, require_fp32=not bitvec)
-    if op1 is not None:
-        rules.vector_operand(api, "operand1", operand1, p, require_fp32=not bitvec)
+    for role, o, a in (("operand0", op0, operand0), ("operand1", op1, operand1)):
+        if o is not None and o.name not in ALU_UNARY:
+            rules.vector_operand(api, role, a, p, require_fp32=not bitvec)
     chosen = _engine(api, engine) or "vector"
     if bitvec:
         rules.integer_dtypes(api, op0.name, dst, data)
@@ -377,11 +377,13 @@ def tensor_scalar(dst, data, op0, operand0, reverse0=False, op1=None, operand1=N
             rules.fail(api, "bitvec tensor_scalar runs on the Vector engine", chosen, f"engine={chosen}")
     if chosen == "scalar":
         rules.scalar_engine_ops(api, op0, op1)
+    elif chosen == "gpsimd":
+        rules.gpsimd_tensor_scalar(api, op0, op1)
     rules.gpsimd_no_psum(api, chosen, dst, data, operand0, operand1)
 
-    integer = (dst.dtype.kind == "int" and data.dtype.kind == "int" and _is_int(operand0)
-               and (op1 is None or _is_int(operand1))
-               and op0.int_fn is not None and (op1 is None or op1.int_fn is not None))
+    # Arithmetic operators cast data to float32 and compute in float32, integer tiles included
+    # (nki.isa.tensor_scalar docstring); only bitvec operators see the integer bits.
+    integer = bitvec and _is_int(operand0) and (op1 is None or _is_int(operand1))
     if bitvec and not integer:
         rules.fail(api, "bitvec ops need integer dtypes", (operand0, operand1), "bitvec operands must be integers")
     values = _apply_scalar_ops(data, op0, operand0, reverse0, op1, operand1, reverse1, integer)
@@ -391,16 +393,28 @@ def tensor_scalar(dst, data, op0, operand0, reverse0=False, op1=None, operand1=N
                (("dst", dst), ("data", data), ("operand0", operand0), ("operand1", operand1)))
 
 
+def _scalar_op(api, role, nki_op, operand):
+    """tensor_scalar operators: binary ALU operators, or the unary ALU operators with operand None / 0."""
+    if getattr(nki_op, "name", None) in ALU_UNARY:
+        rules.alu_unary_operand(api, role.replace("op", "operand"), nki_op, operand)
+    else:
+        rules.alu_op(api, role, nki_op, ALU_KINDS)
+
+
 def _apply_scalar_ops(data, op0, operand0, reverse0, op1, operand1, reverse1, integer):
     x = _i64(data) if integer else _f32(data)
-    fn0 = op0.int_fn if integer else op0.fn
-    a0 = _scalar(operand0, integer)
-    x = fn0(a0, x) if reverse0 else fn0(x, a0)
+    x = _apply_scalar_op(x, op0, operand0, reverse0, integer)
     if op1 is not None:
-        fn1 = op1.int_fn if integer else op1.fn
-        a1 = _scalar(operand1, integer)
-        x = fn1(a1, x) if reverse1 else fn1(x, a1)
+        x = _apply_scalar_op(x, op1, operand1, reverse1, integer)
     return x
+
+
+def _apply_scalar_op(x, nki_op, operand, reverse, integer):
+    if nki_op.name in ALU_UNARY:
+        return nki_op.fn(x)
+    fn = nki_op.int_fn if integer else nki_op.fn
+    a = _scalar(operand, integer)
+    return fn(a, x) if reverse else fn(x, a)
 
 
 def scalar_tensor_tensor(dst, data, op0, operand0, op1, operand1, reverse0=False, reverse1=False, name=None):
@@ -554,7 +568,8 @@ def _activation(api, dst, op, data, bias, scale, reduce_op, reduce_res, cmd):
     if bias is not None:
         if isinstance(bias, (int, float)) and program.target.nc_version < 3:
             rules.fail(api, "scalar bias needs NeuronCore-v3+", bias, f"bias={bias} on {program.target.name}")
-        rules.vector_operand(api, "bias", bias, p)
+        rules.vector_operand(api, "bias", bias, p, require_fp32=False)
+        rules.activation_bias_dtype(api, bias)
     rules.vector_operand(api, "scale", scale, p)
     x = _f32(data)
     if getattr(scale, "buffer", None) is not None or scale != 1.0:
@@ -562,6 +577,10 @@ def _activation(api, dst, op, data, bias, scale, reduce_op, reduce_res, cmd):
     if bias is not None:
         x = x + _scalar(bias)
     result = op.fn(x)
+    if api != "nl.sin":  # nl.sin reduces its argument before the activation (nki.api.shared.rst note)
+        invalid = rules.activation_range(api, op, x)
+        if invalid is not None:
+            result = result.masked_fill(invalid, float("nan"))  # the hardware's output is invalid there
     _write(dst, result)
     if cmd is not reduce_cmd.idle or reduce_res is not None:
         _reduce_registers(api, program, p, result, reduce_op, reduce_res, cmd)

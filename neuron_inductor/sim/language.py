@@ -65,6 +65,8 @@ def ndarray(shape, dtype, buffer=sbuf, name="", address=None) -> NkiTensor:
     if not isinstance(buffer, tensors.Buffer):
         raise NkiError(f"nl.ndarray: buffer={buffer!r} must be nl.sbuf, nl.psum, nl.shared_hbm or nl.private_hbm")
     program = context.current()
+    if not buffer.on_chip:
+        rules.hbm_tensor("nl.ndarray", name or f"{buffer.name} tensor", shape, dtype)
     if buffer.on_chip:
         rules.dtype_on_chip("nl.ndarray", name or "tile", dtype)
         if shape and shape[0] > rules.PMAX:
@@ -309,7 +311,7 @@ def _reduce(op: NkiOp, x, axis, dtype=None, keepdims=False):
     if op.name == "var":
         return _var(api, x, axes, out_shape, out)
     dst = ndarray(out_shape, out, sbuf)
-    isa.tensor_reduce(dst, op, x, axes)
+    isa.tensor_reduce(dst, OPS[rules.REDUCTION_ALU_NAMES[op.name]], x, axes)
     return dst
 
 
@@ -336,7 +338,7 @@ def softmax(x, axis=-1, dtype=None) -> NkiTensor:
         raise NkiError("nl.softmax: the interpreter handles [P, F] tiles with axis=-1")
     p = x.shape[0]
     row_max = ndarray((p, 1), float32, sbuf)
-    isa.tensor_reduce(row_max, OPS["max"], x, 1)
+    isa.tensor_reduce(row_max, OPS["maximum"], x, 1)
     neg_max = ndarray((p, 1), float32, sbuf)
     isa.tensor_scalar(neg_max, row_max, OPS["multiply"], -1.0)
     exps = ndarray(x.shape, float32, sbuf)

@@ -101,10 +101,12 @@ def _kernel_threads() -> int:
 
 
 def _wrap(value):
-    if isinstance(value, torch.Tensor):
-        return wrap_hbm(value)
     if _is_ndarray(value):
-        return wrap_hbm(torch.from_numpy(value))
+        value = torch.from_numpy(value)
+    if isinstance(value, torch.Tensor):
+        t = wrap_hbm(value)
+        rules.hbm_tensor("nki.jit", "kernel argument", value.shape, t.dtype)
+        return t
     if isinstance(value, (tuple, list)):
         return type(value)(_wrap(v) for v in value)
     return value

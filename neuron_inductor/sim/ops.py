@@ -9,7 +9,8 @@ implements it as an activation function, and its reduction (for `tensor_reduce`)
 Kinds: "arith" and "compare" binary ALU ops (compare yields 1.0 / 0.0), "logical",
 "bitvec" (integer-only), "unary" math, and "reduce" (nl.sum, nl.max, ...).
 Activation formulas follow the textbook definitions; the hardware's piece-wise
-polynomial approximations and their range limits are not modelled.
+polynomial approximations are not modelled, their valid input ranges are (rules.py:
+outside them the output is NaN, or an error in strict mode).
 """
 
 from __future__ import annotations
@@ -167,3 +168,5 @@ OPS = {op.name: op for op in [
 
 # ALU ops legal in tensor_tensor / tensor_scalar / scalar_tensor_tensor.
 ALU_KINDS = frozenset({"arith", "compare", "logical", "bitvec"})
+# The "Arithmetic Unary" ALU operators of tensor_scalar (nki.api.shared.rst, tbl-aluop).
+ALU_UNARY = frozenset({"abs", "square", "relu", "rsqrt", "reciprocal"})

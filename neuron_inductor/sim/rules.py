@@ -8,12 +8,18 @@ and buffers, so they cost a few hundred nanoseconds each.
 
 from __future__ import annotations
 
+import os
+
+import torch
+
 from .errors import NkiCapacityError, NkiRuleError
 
 PMAX = 128               # partitions (nl.tile_size.pmax)
 STATIONARY_FMAX = 128    # nl.tile_size.gemm_stationary_fmax
 TRANSPOSE_VECTOR_MAX = 32
 BN_STATS_FMAX = 512
+PSUM_BANK_BYTES = 2048   # nl.tile_size.psum_bank_fmax_bytes (512 fp32) on every target
+STRICT_ENV = "NEURON_INDUCTOR_SIM_STRICT"
 MATMUL_INPUT_DTYPES = frozenset({"float8_e4m3", "float8_e4m3fn", "float8_e5m2", "bfloat16", "float16",
                                  "tfloat32", "float32"})
 
@@ -56,14 +62,20 @@ def tile(op, role, t, allowed=("sbuf", "psum")):
 ON_CHIP = frozenset({"sbuf", "psum"})
 
 
-def operand(op, role, t, allowed=ON_CHIP):
-    """A compute-engine operand: buffer in `allowed`, partition dim <= 128, legal start partition.
+def operand(op, role, t, allowed=ON_CHIP, psum_banks=1):
+    """A compute-engine operand: buffer in `allowed`, partition dim <= 128, legal start partition,
+    and a PSUM operand inside `psum_banks` banks per partition (one bank for every instruction but
+    nc_matmul / nc_transpose on NeuronCore-v4: "For tiles in PSUM, the F dimension size must not
+    exceed nki.language.tile_size.psum_bank_fmax", NKI docs, tiling-overview.rst, TC#2;
+    None: the caller checks).
 
     Returns (partitions, elements per partition). The hot path of every instruction.
     """
     buffer = getattr(t, "buffer", None)
     if buffer is None or buffer.name not in allowed:
         on_chip(op, role, t, tuple(b for b in ("sbuf", "psum", "shared_hbm", "private_hbm") if b in allowed))
+    if buffer.name == "psum" and psum_banks is not None:
+        psum_bank(op, role, t, psum_banks)
     data = t.data
     p = data.shape[0] if data.dim() else 1
     if p > PMAX:
@@ -136,8 +148,8 @@ def gpsimd_no_psum(op, engine, *tensors):
 
 def dtype_on_chip(op, role, dtype):
     if not dtype.on_chip:
-        fail(op, "no 64-bit dtypes on chip", dtype.name,
-             f"{role} has dtype {dtype.name}, which exists only in HBM (dma_copy into int32 / float32 tiles)")
+        fail(op, "no 64-bit dtypes (NKI dtype table)", dtype.name,
+             f"{role} has dtype {dtype.name}; NKI has no 64-bit types (use int32 / float32)")
 
 
 def integer_dtypes(op, op_name, *tensors):
@@ -160,13 +172,24 @@ def activation_op(op, nki_op):
 
 
 def reduce_op(op, nki_op):
+    """Reduction operators are ALU operators with 'Legal Reduction op = Y' (nki.api.shared.rst,
+    tbl-aluop): nl.maximum / nl.add, never the nl.max / nl.sum reduction functions."""
+    if getattr(nki_op, "kind", None) == "reduce":
+        alu = REDUCTION_ALU_NAMES.get(nki_op.name)
+        hint = f"; pass nl.{alu}" if alu else ""
+        fail(op, "reduce op is an ALU operator (nl.add, nl.maximum, ...), not a reduction function", nki_op,
+             f"op={nki_op!r} is the nl-level reduction function{hint}")
     if getattr(nki_op, "reduce", None) is None:
-        fail(op, "reduce op is add/multiply/max/min/logical_and/logical_or", nki_op, f"{nki_op!r} cannot reduce")
+        fail(op, "reduce op is add/multiply/maximum/minimum/logical_and/logical_or", nki_op, f"{nki_op!r} cannot reduce")
+
+
+REDUCTION_ALU_NAMES = {"sum": "add", "prod": "multiply", "max": "maximum", "min": "minimum", "all": "logical_and"}
 
 
 def add_reduce(op, nki_op):
-    if getattr(nki_op, "name", None) not in ("add", "sum"):
-        fail(op, "reduce_op must be nl.add", nki_op, f"ScalarE reduce registers only sum, got {nki_op!r}")
+    """nisa.activation: "reduce_op must be nl.add" (nki.isa.activation docstring)."""
+    if getattr(nki_op, "name", None) != "add":
+        fail(op, "reduce_op must be nl.add", nki_op, f"ScalarE reduce registers only add, got {nki_op!r}")
 
 
 def same_op_family(op, op0, op1):
@@ -180,6 +203,21 @@ def scalar_engine_ops(op, op0, op1):
         if o is not None and o.name not in ("multiply", "add"):
             fail(op, "tensor_scalar on ScalarE takes only multiply / add", o.name,
                  f"{o!r} cannot run on the Scalar engine")
+
+
+def gpsimd_tensor_scalar(op, op0, op1):
+    """tensor_scalar engine=gpsimd is "only allowed for rsqrt" (nki.isa.tensor_scalar docstring)."""
+    for o in (op0, op1):
+        if o is not None and o.name != "rsqrt":
+            fail(op, "tensor_scalar on GpSimd only for rsqrt", o.name,
+                 f"{o!r} cannot run on the GpSimd engine (use engine=nisa.engine.vector or leave it unknown)")
+
+
+def alu_unary_operand(op, role, nki_op, operand):
+    """Unary ALU operators take operand None or 0 (nki.isa.tensor_scalar docstring)."""
+    if operand is not None and not (isinstance(operand, (int, float)) and operand == 0):
+        fail(op, f"{role} is None or 0 for a unary operator", operand,
+             f"{nki_op!r} is unary; {role} must be None or 0, got {operand!r}")
 
 
 def vector_operand(op, role, operand, partitions, require_fp32=True):
@@ -196,6 +234,57 @@ def vector_operand(op, role, operand, partitions, require_fp32=True):
              f"{role} has shape {list(shape)}; a vector operand must be [{partitions}, 1]")
     if require_fp32 and operand.dtype.name != "float32":
         fail(op, f"{role} vector is float32", operand.dtype.name, f"{role} has dtype {operand.dtype.name}, not float32")
+
+
+def activation_bias_dtype(op, bias):
+    """"the bias parameter can be any supported dtype except tfloat32" (nki.isa.activation docstring)."""
+    if getattr(bias, "buffer", None) is not None and bias.dtype.name == "tfloat32":
+        fail(op, "bias dtype is not tfloat32", "tfloat32", "bias has dtype tfloat32")
+
+
+# Valid input ranges of the ScalarE activation functions (nki.api.shared.rst, tbl-act-func):
+# op name -> (low, high, symmetric). Outside them "the Scalar Engine will generate invalid output".
+ACTIVATION_RANGES = {
+    "log": (2.0 ** -64, 2.0 ** 64, False),
+    "sqrt": (2.0 ** -116, 2.0 ** 118, False),
+    "rsqrt": (2.0 ** -87, 2.0 ** 97, False),
+    "reciprocal": (2.0 ** -42, 2.0 ** 42, True),
+    "sin": (-3.141592653589793, 3.141592653589793, False),
+    "arctan": (-1.5707963267948966, 1.5707963267948966, False),
+}
+
+
+def _range_text(lo, hi, symmetric) -> str:
+    return f"+-[{lo!r}, {hi!r}]" if symmetric else f"[{lo!r}, {hi!r}]"
+
+
+def activation_range(op, nki_op, x: torch.Tensor):
+    """Out-of-range activation inputs: a mask of the elements, or None when all are valid (NaN counts as valid:
+    it propagates anyway). With $NEURON_INDUCTOR_SIM_STRICT=1 an out-of-range input raises instead."""
+    bounds = ACTIVATION_RANGES.get(nki_op.name)
+    if bounds is None:
+        return None
+    lo, hi, symmetric = bounds
+    magnitude = x.abs() if symmetric else x
+    bad = (magnitude < lo) | (magnitude > hi)
+    if not bool(bad.any()):
+        return None
+    if os.environ.get(STRICT_ENV) == "1":
+        value = float(x[bad][0])
+        fail(op, f"{nki_op!r} input within its valid range {_range_text(lo, hi, symmetric)}", value,
+             f"{nki_op!r} got input {value!r} (scale and bias applied); the Scalar Engine output is invalid there")
+    return bad
+
+
+def hbm_tensor(op, role, shape, dtype):
+    """HBM tensors are at least 1-D (nki.language NkiTensor.__getitem__: "Result is at least 1D") and,
+    like every NKI tensor, of a dtype in the NKI dtype table (nki.api.shared.rst tbl-dtype: no 64-bit types)."""
+    if len(shape) == 0:
+        fail(op, "HBM tensors are at least 1-D", list(shape),
+             f"{role} is 0-d; pass a shape-[1] tensor (view it as a scalar on the host)")
+    if dtype.itemsize == 8:
+        fail(op, "no 64-bit dtypes (NKI dtype table)", dtype.name,
+             f"{role} has dtype {dtype.name}; narrow it on the host (int64 -> int32, float64 -> float32)")
 
 
 def matmul(op, stationary, moving, target, k, m, k2, n, dst_p, dst_n):
@@ -230,8 +319,8 @@ def matmul_dst_dtype(op, dst, target, allowed_names):
              f"dst has dtype {dst.dtype.name}")
 
 
-def psum_bank(op, role, t, target, banks: int):
-    """A matmul / transpose output stays inside `banks` 2 KiB PSUM banks of each partition.
+def psum_bank(op, role, t, banks: int):
+    """A PSUM operand stays inside `banks` 2 KiB PSUM banks of each partition.
 
     PSUM allocations are taken to start on a bank boundary.
     """
@@ -239,7 +328,7 @@ def psum_bank(op, role, t, target, banks: int):
     storage = t.alloc.storage
     itemsize = t.dtype.itemsize
     partition_elems = storage.stride(0) if storage.dim() > 1 else 1
-    bank = target.psum_bank_bytes * banks
+    bank = PSUM_BANK_BYTES * banks
     if partition_elems * itemsize <= bank:
         return  # the whole allocation fits one bank
     first = data.storage_offset() % partition_elems if data.storage_offset() else 0

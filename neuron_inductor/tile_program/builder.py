@@ -12,9 +12,11 @@ int32 conversion and are exact for every finite fp32 value. sin / cos reduce the
 beyond about 2**22 * 2 pi lose precision. erfc / erfcx use Numerical Recipes' erfcc rational
 approximation (fractional error 1.2e-7, plus exp's rounding of arguments up to x * x: about 1e-5
 relative in erfc's far tail); cosh / sinh stay finite up to their fp32 overflow at |x| = 89.4.
-Hardware activation ranges (nki-reference.md §1) still
-apply to log (|x| in [2**-64, 2**64]), sqrt and rsqrt; division is reciprocal + multiply (one
-extra rounding), with a correction step before floor / trunc rounding modes.
+ScalarE activations see only inputs inside their valid ranges (nki.api.shared.rst): sqrt runs as
+the ALU power operator, rsqrt as GpSimd's tensor_scalar rsqrt, log as 4 log(x ** 0.25) with eager's
+values at 0, inf, negatives and NaN (`_RANGE_SAFE`), sin on an argument clamped to [-pi, pi].
+Division is reciprocal + multiply (one extra rounding), with a correction step before floor /
+trunc rounding modes.
 """
 
 from __future__ import annotations
@@ -110,7 +112,30 @@ class ProgramBuilder:
     def act(self, func: str, x: Ref, scale: float = 1.0, bias: float = 0.0, dtype: str | None = None) -> Ref:
         if is_imm(x):
             return _fold_unary(func, x * scale + bias)
+        if func in _RANGE_SAFE:  # ScalarE's log / sqrt / rsqrt are valid on part of their domain only
+            if scale != 1.0 or bias != 0.0:
+                x = self.ts(x, "multiply", scale, "add", bias, dtype="float32")
+            return _RANGE_SAFE[func](self, x, dtype)
         return self.emit("act", (x, scale, bias), dtype, func=func)
+
+    def log(self, x: Ref, dtype: str | None = None) -> Ref:
+        """log(x) = 4 log(x ** 0.25): the fourth root of every positive finite fp32 (denormals too) lies in
+        [2**-37.25, 2**32], inside ScalarE log's valid input range [2**-64, 2**64]; 0 and inf are clamped
+        into it and then given eager's -inf / inf by an overflowing term; negatives and NaN are NaN
+        through the root (-inf by `nan_at_minus_inf`). About 2e-7 absolute error over eager (the root's
+        rounding, times 4)."""
+        root = self.ts(x, "power", 0.25, "maximum", 2.0 ** -64, dtype="float32")
+        root = self.ts(root, "minimum", 2.0 ** 64, dtype="float32")
+        logs = self.emit("act", (root, 1.0, 0.0), "float32", func="log")
+        is_inf = self.ts(x, "equal", math.inf, dtype="float32")
+        edge = self.stt(x, "equal", 0.0, "subtract", is_inf, "float32")  # 1 at +-0, -1 at inf, else 0
+        blow_up = self.ts(edge, "multiply", -(2.0 ** 127), "multiply", 4.0, dtype="float32")  # -inf, inf or 0
+        return self.nan_at_minus_inf(x, self.stt(logs, "multiply", 4.0, "add", blow_up, "float32"), dtype)
+
+    def nan_at_minus_inf(self, x: Ref, y: Ref, dtype: str | None = None) -> Ref:
+        """y, NaN where x is -inf (or NaN): min(x + inf, y), as x + inf is inf except at -inf (NaN).
+        The ALU power operator gives inf / 0 at -inf where eager's sqrt / rsqrt / log give NaN."""
+        return self.stt(x, "add", math.inf, "minimum", y, dtype)
 
     def ts(self, x: Ref, op0: str, a0, op1: str | None = None, a1=None, rev0=False, rev1=False,
            dtype: str | None = None) -> Ref:
@@ -241,6 +266,8 @@ class ProgramBuilder:
         k = self.cast(turns, "int32")
         reduced = self.stt(k, "multiply", -TWO_PI_HI, "add", x, "float32")
         reduced = self.stt(k, "multiply", -TWO_PI_LO, "add", reduced, "float32")
+        # Rounding can leave the reduced argument an ulp outside ScalarE sin's valid range [-pi, pi].
+        reduced = self.ts(reduced, "maximum", -math.pi, "minimum", math.pi, dtype="float32")
         if cosine:  # cos(r) = sin(pi/2 - |r|), whose argument stays in [-pi/2, pi/2]
             reduced = self.act("abs", reduced, dtype="float32")
             return self.act("sin", reduced, scale=-1.0, bias=math.pi / 2)
@@ -268,6 +295,20 @@ class ProgramBuilder:
         for coefficient in reversed(ERFC_COEFFICIENTS[1:-1]):  # Horner: q = (q + c) * t
             q = self.stt(q, "add", coefficient, "multiply", t, "float32")
         return magnitude, t, q
+
+
+# Activation functions lowered so that ScalarE only sees inputs inside its documented valid ranges
+# (nki.api.shared.rst, tbl-act-func): sqrt becomes the ALU power operator, rsqrt the ALU rsqrt (no
+# documented range limit, eager's values at 0, inf, negatives and NaN), log the fourth-root form of
+# ProgramBuilder.log.
+_RANGE_SAFE: dict[str, Callable] = {
+    "sqrt": lambda b, x, dtype: b.nan_at_minus_inf(x, b.ts(x, "power", 0.5, dtype="float32"), dtype),
+    # GpSimd's tensor_scalar rsqrt (nki.api.shared.rst, "NKI Engine Selection"): eager's -inf at -0.0,
+    # which power(-0.5) misses.
+    "rsqrt": lambda b, x, dtype: b.emit("ts", (x, 0.0, None), dtype, op0="rsqrt", op1=None, rev0=False, rev1=False,
+                                        engine="gpsimd"),
+    "log": lambda b, x, dtype: b.log(x, dtype),
+}
 
 
 def constant_scalar(node: fx.Node):

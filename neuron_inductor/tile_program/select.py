@@ -167,7 +167,8 @@ def resolve_program(program: PointwiseProgram, kinds: dict[str, str], hoisted: s
         elif ins.kind == "ts":
             r.emit("tensor_scalar", dst, alloc, ins.bits, data=r.operand(x, ins.bits), op0=ins.attr("op0"),
                    operand0=r.operand(ops[1]), rev0=ins.attr("rev0"), op1=ins.attr("op1"),
-                   operand1=None if ops[2] is None else r.operand(ops[2]), rev1=ins.attr("rev1"))
+                   operand1=None if ops[2] is None else r.operand(ops[2]), rev1=ins.attr("rev1"),
+                   engine=ins.attr("engine"))
         elif ins.kind == "tt":
             r.emit("tensor_tensor", dst, alloc, ins.bits, data1=r.operand(x, ins.bits),
                    data2=r.operand(ops[1], ins.bits), op_name=ins.attr("op"))

@@ -15,6 +15,7 @@ import torch.fx as fx
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from neuron_inductor import config, sim
+from neuron_inductor.codegen.kernel_args import kernel_argument, kernel_dtype, kernel_shape
 from neuron_inductor.codegen.render import render_kernel
 from neuron_inductor.decompositions import neuron_decompositions
 from neuron_inductor.lowering.ir import KernelSpec
@@ -102,6 +103,21 @@ def as_tuple(returned) -> tuple:
     return returned if isinstance(returned, tuple) else (returned,)
 
 
+def call_kernel(kernel, spec: KernelSpec, inputs):
+    """Call a kernel as the host wrapper does (kernel_args): int64 arguments narrowed to int32, 0-d
+    ones as shape [1], and 0-d results viewed as 0-d again. Returns the results as a tuple."""
+    arguments = [kernel_argument(t) for t in inputs]
+    results = [out for pos, out in enumerate(spec.outputs) if pos not in spec.inplace]
+    if spec.output_argument:  # the host allocates the output of a kernel without inputs
+        val = results[0].meta["val"] if isinstance(results[0], fx.Node) else results[0]
+        arguments.append(torch.empty(kernel_shape(val.shape), dtype=kernel_dtype(val.dtype)))
+    returned = as_tuple(kernel(*arguments))
+    if spec.output_argument:
+        returned = (arguments[-1], *returned)
+    return tuple(r.reshape(()) if isinstance(o, fx.Node) and o.meta["val"].dim() == 0 and r.shape == (1,) else r
+                 for r, o in zip(returned, results)) + returned[len(results):]
+
+
 def widen_int64(returned: torch.Tensor, expected: torch.Tensor | None) -> torch.Tensor:
     """Kernels return int64 graph values as int32 tensors (NKI has no 64-bit integers; the host
     wrapper widens them where they leave the kernels): check that, then compare as the graph's dtype."""
@@ -122,7 +138,7 @@ def run_node(gm: fx.GraphModule, args, target, source_check=None):
     node, spec, kernel = kernel_for(gm, target, source_check)
     env = graph_values(gm, args)
     inputs = [env[n] for n in spec.inputs]
-    returned = as_tuple(kernel(*inputs))
+    returned = call_kernel(kernel, spec, inputs)
     value = env[node]
     expected = [v for v in value if v is not None] if isinstance(value, tuple) else [value]
     widened = [widen_int64(r, e) for r, e in zip(returned, expected)]

@@ -20,8 +20,9 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 import neuron_inductor.sim as sim
 from neuron_inductor.lowering import pointwise
+from neuron_inductor.sim import rules
 
-from .harness import aten_graph, as_tuple, load_kernel, widen_int64
+from .harness import aten_graph, as_tuple, call_kernel, load_kernel, widen_int64
 
 FP32 = dict(rtol=1e-5, atol=1e-6)
 FP32_COMPOSED = dict(rtol=1e-4, atol=1e-5)
@@ -44,8 +45,8 @@ def run_kernel(fn, *args):
     kernel = load_kernel(spec)
     values = dict(zip([n for n in graph.graph.nodes if n.op == "placeholder"], args))
     with sim.trace() as trace:
-        result = kernel(*[values[n] for n in spec.inputs])
-    return as_tuple(result), trace
+        result = call_kernel(kernel, spec, [values[n] for n in spec.inputs])
+    return result, trace
 
 
 @pytest.fixture(autouse=True)
@@ -405,3 +406,26 @@ def test_constant_operands_fold():
 def test_empty_tensor():
     (result,), trace = run_kernel(lambda x: x * 2 + 1, randn(0, 7))
     assert result.shape == (0, 7) and result.dtype == torch.float32 and not trace.instructions
+
+
+EDGE_VALUES = [0.0, -0.0, -1.0, -3.5, math.inf, -math.inf, math.nan, 2.0 ** -70, 2.0 ** -149, 1e-30, 3e38, 2.0 ** 70,
+               1.0, 1.0 + 2.0 ** -20, 0.3, 7.0]
+
+
+@pytest.mark.parametrize("fn", [torch.log, torch.sqrt, torch.rsqrt, torch.log2, torch.log10, torch.log1p,
+                                lambda x: x ** 0.5, lambda x: x ** -0.5],
+                         ids=["log", "sqrt", "rsqrt", "log2", "log10", "log1p", "pow_half", "pow_minus_half"])
+def test_ranged_activations_match_eager_everywhere_in_strict_mode(fn, monkeypatch):
+    """The ScalarE log / sqrt / rsqrt are valid on part of their domain only (strict mode raises outside it):
+    the lowerings keep their inputs inside and match eager at 0, inf, negatives, NaN, denormals and
+    beyond 2**+-64."""
+    monkeypatch.setenv(rules.STRICT_ENV, "1")
+    x = torch.tensor(EDGE_VALUES * 8, dtype=torch.float32).reshape(8, -1)
+    check(fn, x, rtol=2e-6, atol=1e-6)
+
+
+def test_sin_argument_reduction_stays_in_range_in_strict_mode(monkeypatch):
+    monkeypatch.setenv(rules.STRICT_ENV, "1")
+    x = torch.linspace(-100.0, 100.0, 4096).reshape(32, 128)
+    check(torch.sin, x, **FP32_COMPOSED)
+    check(torch.cos, x, **FP32_COMPOSED)

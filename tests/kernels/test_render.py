@@ -30,14 +30,23 @@ def test_literal_refuses_what_is_not_a_python_number():
 
 
 def test_a_template_writing_a_bare_inf_fails_to_render(monkeypatch):
-    source = "def {{ kernel_name }}():\n    return {{ fill }}\n"
+    source = "def {{ kernel_name }}(in0):\n    return {{ fill }}\n"
     env = jinja2.Environment(loader=jinja2.DictLoader({"bare.py.j2": source}), undefined=jinja2.StrictUndefined)
     monkeypatch.setattr(render, "environment", lambda: env)
     with pytest.raises(TemplateError, match=r"bare name\(s\) \['inf'\]"):
         render.render_template("bare", "k0_bare", [], [], {"fill": -math.inf})
     env.filters["literal"] = literal
-    env.loader.mapping["bare.py.j2"] = "def {{ kernel_name }}():\n    return {{ fill | literal }}\n"
+    env.loader.mapping["bare.py.j2"] = "def {{ kernel_name }}(in0):\n    return {{ fill | literal }}\n"
     assert "return float('-inf')" in render.render_template("bare", "k0_bare", [], [], {"fill": -math.inf})
+
+
+def test_a_kernel_without_arguments_fails_to_render(monkeypatch):
+    """nki.jit detects the framework from the kernel's tensor arguments: every kernel takes one."""
+    env = jinja2.Environment(loader=jinja2.DictLoader({"noargs.py.j2": "def {{ kernel_name }}():\n    return 1\n"}),
+                             undefined=jinja2.StrictUndefined)
+    monkeypatch.setattr(render, "environment", lambda: env)
+    with pytest.raises(TemplateError, match="without arguments: nki.jit detects the framework"):
+        render.render_template("noargs", "k0_noargs", [], [], {})
 
 
 

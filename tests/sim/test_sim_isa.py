@@ -12,6 +12,7 @@ import torch
 from neuron_inductor import sim
 from neuron_inductor.sim import isa as nisa
 from neuron_inductor.sim import language as nl
+from neuron_inductor.sim import rules
 
 from .helpers import TOL, nl_dtype, on_tiles
 
@@ -105,7 +106,10 @@ ACTIVATIONS = [
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("op, ref", ACTIVATIONS, ids=[op.name for op, _ in ACTIVATIONS])
 def test_activation_functions(op, ref, dtype):
-    x = torch.randn(128, 512).to(dtype)
+    x = torch.randn(128, 512)
+    if op.name in rules.ACTIVATION_RANGES:  # sin, arctan: inside their valid input range
+        x = x.clamp(-1.5, 1.5)
+    x = x.to(dtype)
     out = on_tiles(lambda d, t: nisa.activation(dst=d, op=op, data=t), (128, 512), nl_dtype(dtype), x)
     close(out, ref(x.float()), dtype)
 
@@ -162,7 +166,7 @@ def test_activation_reduce_accumulates_across_instructions():
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("op, ref", [(nl.add, lambda x, d: x.sum(d)), (nl.maximum, lambda x, d: x.amax(d)),
-                                     (nl.max, lambda x, d: x.amax(d)), (nl.minimum, lambda x, d: x.amin(d)),
+                                     (nl.minimum, lambda x, d: x.amin(d)),
                                      (nl.multiply, lambda x, d: x.prod(d))])
 def test_tensor_reduce(op, ref, dtype):
     x = (torch.rand(128, 512) + 0.5).to(dtype) if op is nl.multiply else torch.randn(128, 512).to(dtype)
@@ -314,20 +318,20 @@ def test_dma_copy_hbm_to_sbuf_with_cast():
     assert torch.equal(kernel(x), x.bfloat16().float().reshape(64, 128))
 
 
-def test_dma_copy_int64_hbm_to_int32_tile_saturates():
-    ids = torch.tensor([[0, 5, 2**40, -2**40]] * 4, dtype=torch.int64)
+def test_dma_copy_int32_hbm_to_int16_tile_saturates():
+    ids = torch.tensor([[0, 5, 2**20, -2**20]] * 4, dtype=torch.int32)
 
     @sim.jit
     def kernel(src):
-        t = nl.ndarray((4, 4), nl.int32)
+        t = nl.ndarray((4, 4), nl.int16)
         nisa.dma_copy(dst=t, src=src)
-        out = nl.ndarray((4, 4), nl.int32, buffer=nl.shared_hbm)
+        out = nl.ndarray((4, 4), nl.int16, buffer=nl.shared_hbm)
         nisa.dma_copy(dst=out, src=t)
         return out
 
     out = kernel(ids)
-    assert out.dtype == torch.int32
-    assert out[0].tolist() == [0, 5, 2**31 - 1, -2**31]
+    assert out.dtype == torch.int16
+    assert out[0].tolist() == [0, 5, 2**15 - 1, -2**15]
 
 
 def test_dma_transpose():

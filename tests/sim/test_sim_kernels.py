@@ -54,7 +54,7 @@ def row_softmax(x):
         t = nl.ndarray((r, cols), x.dtype, buffer=nl.sbuf)
         nisa.dma_copy(dst=t, src=x[i * P:i * P + r, :])
         neg_max = nl.ndarray((r, 1), nl.float32, buffer=nl.sbuf)
-        nisa.tensor_reduce(dst=neg_max, op=nl.max, data=t, axis=1, negate=True)
+        nisa.tensor_reduce(dst=neg_max, op=nl.maximum, data=t, axis=1, negate=True)
         exps = nl.ndarray((r, cols), nl.float32, buffer=nl.sbuf)
         sums = nl.ndarray((r, 1), nl.float32, buffer=nl.sbuf)
         nisa.activation(dst=exps, op=nl.exp, data=t, bias=neg_max, reduce_op=nl.add, reduce_res=sums,

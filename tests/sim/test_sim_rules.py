@@ -167,7 +167,7 @@ def test_dtype_rules():
     rule_error(lambda: nisa.tensor_scalar(sb((128, 4)), sb((128, 4)), nl.add, sb((128, 1), nl.bfloat16)),
                "nisa.tensor_scalar", "operand0 vector is float32", "bfloat16")
     rule_error(lambda: nl.ndarray((128, 4), torch.int64),
-               "nl.ndarray", "no 64-bit dtypes on chip", "int64")
+               "nl.ndarray", "no 64-bit dtypes", "int64")
     # 2-byte dtypes are documented for the hardware-DGE (and indirect) transposes; AWS's fp32 kernels use the default
     rule_error(lambda: nisa.dma_transpose(sb((64, 128)), sb((128, 64)), dge_mode=nisa.dge_mode.hwdge),
                "nisa.dma_transpose", "2-byte", "float32")

@@ -57,7 +57,7 @@ def test_load_kernels_runs_generated_source_on_strided_views():
     in1 = torch.randn(1, 64).expand(256, 64)       # stride-0 broadcast
     out = kernels["k0_pointwise"](in0, in1)
     torch.testing.assert_close(out, torch.tanh(in0 * in1))
-    ids = torch.randint(0, 1000, (128, 8), dtype=torch.int64)
+    ids = torch.randint(0, 1000, (128, 8), dtype=torch.int32)
     floats, ints = kernels["k1_two_outputs"](ids)
     assert ints.dtype == torch.int32 and torch.equal(ints, ids.int())
     assert floats.dtype == torch.float32 and torch.equal(floats, ids.float())

@@ -44,7 +44,7 @@ def every_engine(x, ids):
 
 def run_traced():
     with sim.trace() as t:
-        every_engine(torch.randn(128, 64).bfloat16(), torch.zeros(128, 64, dtype=torch.int64))
+        every_engine(torch.randn(128, 64).bfloat16(), torch.zeros(128, 64, dtype=torch.int32))
     return t
 
 
@@ -66,7 +66,7 @@ def test_engines_ops_flops_bytes():
     assert by_op[("vector", "tensor_tensor")].flops == 128 * 64
     first_dma, ids_dma, last_dma = [i for i in t.instructions if i.engine == "dma"]
     assert first_dma.bytes == 128 * 64 * 2 and first_dma.buffers == ("sbuf", "shared_hbm")
-    assert ids_dma.bytes == 128 * 64 * 8  # int64 ids read from HBM
+    assert ids_dma.bytes == 128 * 64 * 4  # int32 ids read from HBM
     assert last_dma.bytes == 64 * 64 * 4
     assert all(i.kernel == "every_engine" for i in t.instructions)
 
@@ -74,9 +74,9 @@ def test_engines_ops_flops_bytes():
 def test_no_trace_no_records_and_nesting():
     assert not ACTIVE
     with sim.trace() as outer:
-        every_engine(torch.randn(128, 64).bfloat16(), torch.zeros(128, 64, dtype=torch.int64))
+        every_engine(torch.randn(128, 64).bfloat16(), torch.zeros(128, 64, dtype=torch.int32))
         with sim.trace() as inner:
-            every_engine(torch.randn(128, 64).bfloat16(), torch.zeros(128, 64, dtype=torch.int64))
+            every_engine(torch.randn(128, 64).bfloat16(), torch.zeros(128, 64, dtype=torch.int32))
         assert len(ACTIVE) == 1
     assert not ACTIVE
     assert len(inner) == 16 and len(outer) == 32
@@ -93,10 +93,10 @@ def test_no_trace_no_records_and_nesting():
 def test_isolated_trace_hides_its_instructions_from_enclosing_traces():
     with sim.trace() as outer:
         with sim.trace(isolated=True) as isolated:
-            every_engine(torch.randn(128, 64).bfloat16(), torch.zeros(128, 64, dtype=torch.int64))
+            every_engine(torch.randn(128, 64).bfloat16(), torch.zeros(128, 64, dtype=torch.int32))
             assert ACTIVE == [isolated]
         assert ACTIVE == [outer]
-        every_engine(torch.randn(128, 64).bfloat16(), torch.zeros(128, 64, dtype=torch.int64))
+        every_engine(torch.randn(128, 64).bfloat16(), torch.zeros(128, 64, dtype=torch.int32))
     assert not ACTIVE
     assert len(isolated) == 16 and len(outer) == 16
 
