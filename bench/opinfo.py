@@ -149,9 +149,10 @@ def run_case(case: Case, fn, backward: bool) -> Run:
                [_detached(g) for g in grads])
 
 
-def compare(actual: Run, expected: Run, dtype: torch.dtype) -> str | None:
-    """None when `actual` matches `expected` within TOLERANCES, else what differs (one line)."""
-    tolerance = TOLERANCES[dtype]
+def compare(actual: Run, expected: Run, dtype: torch.dtype, tolerance: dict | None = None) -> str | None:
+    """None when `actual` matches `expected` within `tolerance` ({"atol", "rtol"}; default
+    TOLERANCES[dtype]), else what differs (one line)."""
+    tolerance = tolerance or TOLERANCES[dtype]
     for part in ("outputs", "grads"):
         got, want = getattr(actual, part), getattr(expected, part)
         if len(got) != len(want):
@@ -321,14 +322,18 @@ def op_by_name() -> dict:
 STAGE_MARK = "@opinfo-stage "
 
 
-def worker_main() -> None:
-    """Read "op<TAB>dtype" lines on stdin, answer one JSON row per line. Everything else this
-    process prints (Dynamo, warnings, C-level output) goes to stderr (the worker log), so stdout
-    carries only rows; stage marks in the log tell where a hung or dead check was."""
+def worker_main(check: Callable[[object, str, Callable[[str], None]], dict] | None = None,
+                log_level: int = logging.ERROR) -> None:
+    """Read "op<TAB>variant" lines on stdin, answer one JSON row per line: `check(opinfo, variant,
+    on_stage)`, by default `check_op` with the variant as dtype name. Everything else this process
+    prints (Dynamo, warnings, C-level output) goes to stderr (the worker log), so stdout carries only
+    rows; stage marks in the log tell where a hung or dead check was. The backend logs at `log_level`
+    and above (the default keeps only errors: fallbacks are in the rows)."""
+    check = check or (lambda op, dtype, on_stage: check_op(op, DTYPES[dtype], on_stage))
     rows = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)
     sys.stdout = sys.stderr
-    logging.getLogger("neuron_inductor").setLevel(logging.ERROR)  # fallbacks are in the rows
+    logging.getLogger("neuron_inductor").setLevel(log_level)
     ops = op_by_name()
     rows.write(json.dumps({"ready": True}) + "\n")
     for line in sys.stdin:
@@ -338,7 +343,7 @@ def worker_main() -> None:
             print(f"{STAGE_MARK}{name} {dtype} {stage}", file=sys.stderr, flush=True)
 
         try:
-            row = check_op(ops[name], DTYPES[dtype], mark)
+            row = check(ops[name], dtype, mark)
         except Exception as exc:  # a bug of this bench, reported in the row rather than lost
             row = {"skip": f"bench error: {type(exc).__name__}: {exc}"}
         rows.write(json.dumps(row) + "\n")
@@ -355,16 +360,19 @@ def _lost_row(kind: str, stage: str, detail: str) -> dict:
 
 
 class Worker:
-    """One `--worker` subprocess; `check(name, dtype)` returns its row, or a timeout / died row."""
+    """One `script --worker` subprocess (this file's by default); `check(name, variant)` returns its
+    row, or `lost_row(kind, stage, detail)` for a timeout / death."""
 
-    def __init__(self, log_path: Path, env: dict[str, str]) -> None:
+    def __init__(self, log_path: Path, env: dict[str, str], script: str = __file__,
+                 lost_row: Callable[[str, str, str], dict] = _lost_row) -> None:
         self.log_path = log_path
         self.env = env
+        self.script, self.lost_row = script, lost_row
         self._start()
 
     def _start(self) -> None:
         self.log = open(self.log_path, "a")
-        self.process = subprocess.Popen([sys.executable, __file__, "--worker"], stdin=subprocess.PIPE,
+        self.process = subprocess.Popen([sys.executable, self.script, "--worker"], stdin=subprocess.PIPE,
                                         stdout=subprocess.PIPE, stderr=self.log, text=True, env=self.env)
         self.lines: queue.Queue = queue.Queue()
         threading.Thread(target=self._read, args=(self.process, self.lines), daemon=True).start()
@@ -411,12 +419,12 @@ class Worker:
         except TimeoutError:
             stage = self._last_stage()
             self._restart()
-            return _lost_row("timeout", stage, f"over {timeout:.0f} s in {stage} (worker log {self.log_path})")
+            return self.lost_row("timeout", stage, f"over {timeout:.0f} s in {stage} (worker log {self.log_path})")
         if row is None:
             code = self.process.wait()
             stage = self._last_stage()
             self._restart()
-            return _lost_row("died", stage, f"worker exited with code {code} in {stage} (log {self.log_path})")
+            return self.lost_row("died", stage, f"worker exited with code {code} in {stage} (log {self.log_path})")
         return row
 
     def close(self) -> None:
@@ -425,40 +433,51 @@ class Worker:
         self.log.close()
 
 
-def sweep(names: list[str], workers: int, timeout: float, log_dir: Path) -> list[dict]:
-    """Check every op in both dtypes in a pool of worker processes; one progress line per check.
-    Returns one record per op: {"op": name, "float32": row, "bfloat16": row}."""
+def run_pool(tasks: list[tuple[str, str]], workers: int, timeout: float, log_dir: Path, script: str = __file__,
+             lost_row: Callable[[str, str, str], dict] = _lost_row,
+             describe: Callable[[dict], str] | None = None,
+             stop_after: float | None = None) -> dict[tuple[str, str], dict]:
+    """Run every (name, variant) task in a pool of `script --worker` processes that share one compile
+    cache under `log_dir`; one progress line per task (`describe(row)`, default `row_summary`).
+    Returns the row of each task; with `stop_after` (seconds), tasks not started by then are left out."""
+    deadline = time.monotonic() + stop_after if stop_after is not None else None
+    describe = describe or row_summary
+    workers = max(1, min(workers, len(tasks)))
     env = {**os.environ, "NEURON_INDUCTOR_CACHE_DIR": str(log_dir / "cache"), "PYTHONUNBUFFERED": "1"}
     pending: queue.Queue = queue.Queue()
-    for name in names:
-        for dtype in DTYPES:
-            pending.put((name, dtype))
-    total = pending.qsize()
-    records = {name: {"op": name} for name in names}
-    done = 0
+    for task in tasks:
+        pending.put(task)
+    rows: dict[tuple[str, str], dict] = {}
     lock = threading.Lock()
 
     def serve(slot: int) -> None:
-        nonlocal done
-        worker = Worker(log_dir / f"worker{slot}.log", env)
+        worker = Worker(log_dir / f"worker{slot}.log", env, script, lost_row)
         try:
             while True:
+                if deadline is not None and time.monotonic() > deadline:
+                    return
                 try:
-                    name, dtype = pending.get_nowait()
+                    name, variant = pending.get_nowait()
                 except queue.Empty:
                     return
-                row = worker.check(name, dtype, timeout)
+                row = worker.check(name, variant, timeout)
                 with lock:
-                    records[name][dtype] = row
-                    done += 1
-                    print(f"[{done}/{total}] {name} {dtype}: {row_summary(row)}", flush=True)
+                    rows[name, variant] = row
+                    print(f"[{len(rows)}/{len(tasks)}] {name} {variant}: {describe(row)}", flush=True)
         finally:
             worker.close()
 
     with ThreadPoolExecutor(workers) as pool:
         for future in [pool.submit(serve, slot) for slot in range(workers)]:
             future.result()
-    return [records[name] for name in names]
+    return rows
+
+
+def sweep(names: list[str], workers: int, timeout: float, log_dir: Path) -> list[dict]:
+    """Check every op in both dtypes in a pool of worker processes; one progress line per check.
+    Returns one record per op: {"op": name, "float32": row, "bfloat16": row}."""
+    rows = run_pool([(name, dtype) for name in names for dtype in DTYPES], workers, timeout, log_dir)
+    return [{"op": name, **{dtype: rows[name, dtype] for dtype in DTYPES}} for name in names]
 
 
 # -- the report -------------------------------------------------------------------------------------

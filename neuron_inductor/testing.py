@@ -1,4 +1,5 @@
-"""Tiny models for examples, tests and benchmarks: a Llama-style causal LM in plain PyTorch.
+"""Helpers for examples, tests and benchmarks: a tiny Llama-style causal LM in plain PyTorch, and a
+per-test time limit.
 
 Embedding -> N x (RMSNorm -> causal SDPA attention with rotary embeddings and grouped KV heads ->
 residual -> RMSNorm -> SwiGLU MLP -> residual) -> RMSNorm -> LM head -> cross-entropy loss.
@@ -7,6 +8,8 @@ Initialisation is seeded, so two instances built with the same config and seed a
 
 from __future__ import annotations
 
+import contextlib
+import signal
 from dataclasses import dataclass
 
 import torch
@@ -131,3 +134,18 @@ class TinyLlama(nn.Module):
         shift_logits = logits[:, :-1].reshape(-1, self.cfg.vocab_size)
         shift_labels = labels[:, 1:].reshape(-1)
         return F.cross_entropy(shift_logits, shift_labels, ignore_index=self.cfg.ignore_index)
+
+
+@contextlib.contextmanager
+def time_limit(seconds: int):
+    """Raise TimeoutError in this thread after `seconds` (a hang in the backend fails one test)."""
+    def expire(signum, frame):
+        raise TimeoutError(f"over {seconds} s")
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)

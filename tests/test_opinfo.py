@@ -11,14 +11,14 @@ test fail until its entry is removed.
 
 from __future__ import annotations
 
-import contextlib
 import importlib.util
-import signal
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+
+from neuron_inductor.testing import time_limit
 
 
 def _load_bench():
@@ -59,21 +59,6 @@ def fresh_cache(tmp_path_factory):
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("NEURON_INDUCTOR_CACHE_DIR", str(tmp_path_factory.mktemp("opinfo_cache")))
         yield
-
-
-@contextlib.contextmanager
-def time_limit(seconds: int):
-    """Raise TimeoutError in this thread after `seconds` (a hang in the backend fails one test)."""
-    def expire(signum, frame):
-        raise TimeoutError(f"over {seconds} s")
-
-    previous = signal.signal(signal.SIGALRM, expire)
-    signal.alarm(seconds)
-    try:
-        yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, previous)
 
 
 @pytest.mark.parametrize("name,dtype", list(_params()))

@@ -96,7 +96,8 @@ def _neutral(kind: str, dtype: torch.dtype):
         return 0 if kind == "zero" else 1
     if dtype.is_floating_point:
         return -math.inf if kind == "min" else math.inf
-    info = torch.iinfo(dtype)
+    # Kernels hold int64 as int32 (saturating): an int64 extreme would not survive the narrowing.
+    info = torch.iinfo(torch.int32 if dtype == torch.int64 else dtype)
     return info.min if kind == "min" else info.max
 
 
@@ -378,6 +379,10 @@ class _Rewriter:
         # sum |x|**p: zeros are neutral for p >= 0; for p < 0 (and min |x|, p = -inf) |0|**p is
         # inf, while the largest value adds ~0 (or never wins the min).
         order = node.args[1] if len(node.args) > 1 else node.kwargs.get("ord", 2)
+        if isinstance(order, fx.Node):
+            if self.padded_dims(node.args[0], reduced_dims(node)[0]):
+                raise Unsafe("a vector norm over a padded dim whose order is a graph value")
+            return None
         return self.reduction(node, "max" if order < 0 else "zero")
 
     @pad_rule(aten._softmax.default, aten._log_softmax.default, what="padded logits -> -inf")
@@ -519,6 +524,11 @@ class _Rewriter:
                 raise Unsafe("uses a padded size as a number")
             node.target = tensor_overload
             node.update_arg(index, real)
+            for other, (schema, value) in enumerate(zip(tensor_overload._schema.arguments, node.args)):
+                # The Tensor overload takes its other number arguments (clamp's other bound) as tensors.
+                if other != index and type(value) in (int, float) and "Tensor" in str(schema.type):
+                    node.update_arg(other, self._prologue(("number", value), aten.scalar_tensor.default, value,
+                                                          dtype=torch.int32 if type(value) is int else torch.float32))
             self.note(node, "uses the real size")
 
     def mask_args(self, node: fx.Node, specs, what: str) -> None:
@@ -681,6 +691,10 @@ class _Rewriter:
             kind = {"sum": "zero", "prod": "one", "amax": "min", "amin": "max"}.get(node.args[4])
             if kind is None and self.padded_dims(node.args[2]):
                 raise Unsafe(f"scatter_reduce '{node.args[4]}' over padded sources")
+            include_self = node.args[5] if len(node.args) > 5 else node.kwargs.get("include_self", True)
+            if not include_self and self.padded_dims(node.args[2]):
+                # A neutral source still counts as a contribution: the target row stops keeping itself.
+                raise Unsafe("scatter_reduce without self over padded sources")
         self.mask_args(node, [(3, None, kind)], "padded sources -> neutral")
 
     @pad_rule(aten.select.int, what="an index from the end counts from the real end")
@@ -704,9 +718,7 @@ class _Rewriter:
 
     @pad_rule(aten.slice.Tensor, what="negative / symbolic bounds count from the real end")
     def slice(self, node: fx.Node) -> None:
-        source, dim = node.args[0], node.args[1]
-        start = node.args[2] if len(node.args) > 2 else 0
-        step = node.args[4] if len(node.args) > 4 else 1
+        source, dim, start, _, step = _with_defaults(node, [None, 0, 0, None, 1])
         layout = self.dim_layout(source, dim)
         if layout is None:
             return
@@ -896,6 +908,14 @@ class _Rewriter:
                     self.report.unsafe.append(
                         f"{_op(value)}: returns a tensor whose padded dim {dim} holds its real data as {actual}, "
                         f"not as {expected}, the layout the caller slices")
+
+
+def _with_defaults(node: fx.Node, defaults: list) -> list:
+    """`node`'s positional arguments, keyword ones in their schema place, the rest from `defaults`."""
+    names = [a.name for a in node.target._schema.arguments][:len(defaults)]
+    given = list(node.args) + [node.kwargs.get(name, default) for name, default in
+                               zip(names[len(node.args):], defaults[len(node.args):])]
+    return [default if value is None else value for value, default in zip(given, defaults)]
 
 
 def _whole_blocks(layout, start: sympy.Expr, length: sympy.Expr) -> bool:
