@@ -25,27 +25,10 @@ PADDING_OPS = (
 )
 FAST_OPS = ("cat", "narrow", "softmax", "flip")
 
-# Causes of the failures the sweep found on main after the cat rewrite and default-deny (2806475)
-# that are still there after 3ebf121 (view outputs and ranges from padded sizes fixed);
-# each op below fails for the named cause (strict xfail): a fix makes its test fail until it goes.
-CLAMP_INT = ("issue 13: the padded graph calls aten.clamp with an int bound (replicate pad, bicubic interpolation, "
-             "_unsafe_masked_index): RuntimeError: aten::clamp() Expected a value of type 'Optional[Tensor]' for "
-             "argument 'min' but instead found type 'int'")
-PADDED_TARGETS = ("issue 13: multilabel_margin_loss reads the zero padding of its target as labels (silent "
-                  "mismatch in every mode)")
-SLICE_DEFAULTS = "issue 13: aten.slice with default bounds on a padded dim: IndexError: tuple index out of range"
-SYMBOLIC_ORDER = ("issue 13: norm / renorm under dynamic=True (the order p is a graph input): TypeError: '<' not "
-                  "supported between instances of 'Node' and 'int' in the pad-safety pass")
-SCATTER_REDUCE_EXCLUDING_SELF = ("issue 13: scatter_reduce(include_self=False) with a padded index / src "
-                                 "(dynamic=True) reduces the padding's neutral values into row 0 (silent mismatch)")
-PAD_BUGS = {
-    **dict.fromkeys(["nn.functional.pad.replicate", "nn.functional.pad.replicate_negative",
-                     "nn.functional.interpolate.bicubic", "_unsafe_masked_index"], CLAMP_INT),
-    "nn.functional.multilabel_margin_loss": PADDED_TARGETS, "slice": SLICE_DEFAULTS,
-    **dict.fromkeys(["norm", "renorm"], SYMBOLIC_ORDER),
-    **dict.fromkeys(["scatter_reduce.sum", "scatter_reduce.prod", "scatter_reduce.amin", "scatter_reduce.amax"],
-                    SCATTER_REDUCE_EXCLUDING_SELF),
-}
+# Ops the sweep shows padding breaks, each with its cause (strict xfail: a fix makes its test fail
+# until its entry goes). The causes it found on main (clamp's int bound, multilabel_margin_loss's int64
+# neutral, slice defaults, a symbolic norm order, scatter_reduce without self) are fixed.
+PAD_BUGS: dict[str, str] = {}
 # Ops whose pad rules keep every later call padded in every mode (a refusal here is a regression).
 STAY_PADDED = ("cumsum", "softmax", "mean", "matmul", "stack")
 
