@@ -18,3 +18,4 @@ def report():
 
 
 from .nki_ops import nki_op, wrap_nki  # noqa: E402  (users' own NKI kernels as custom ops)
+from .process_state import reset  # noqa: E402  (forget every process-wide store)

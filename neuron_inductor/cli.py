@@ -2,7 +2,7 @@
 
     neuron-inductor cache list | show KEY [--kernel NAME | --wrapper] | clear | explain [--last N]
     neuron-inductor report [DUMP_DIR] [--all-runs] [--json]
-    neuron-inductor replay DUMP_DIR/KERNEL [--random] [--seed N] [--target trn2|trn3]
+    neuron-inductor replay DUMP_DIR/KERNEL [--random] [--seed N] [--target trn1|trn2|trn3]
 
 Usage errors exit with status 2 and say what is accepted; a failed check (a replay that does not
 reproduce the saved result) exits with status 1.
@@ -253,7 +253,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="a kernel file (.../kernels/k0_pointwise.py, '.py' optional) or DUMP_DIR/k0_pointwise")
     replay.add_argument("--random", action="store_true", help="use random inputs even if inputs were saved")
     replay.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
-    replay.add_argument("--target", choices=("trn2", "trn3"), default="trn2",
+    replay.add_argument("--target", choices=("trn1", "trn2", "trn3"), default="trn2",
                         help="hardware generation of the cost model (default trn2)")
     replay.set_defaults(handler=_replay)
     return parser

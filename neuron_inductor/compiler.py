@@ -216,11 +216,16 @@ class Program:
     """A loaded artifact: call with the graph's (static-shape) inputs, get its outputs.
 
     `kernels` are the artifact's kernels when the caller has just built them (a fresh compile);
-    otherwise (a cache hit) the toolchain builds them from the stored source."""
+    otherwise (a cache hit) the toolchain builds them from the stored source. `static_gm` is the
+    static-shape graph it was compiled from (None when unknown) and `lowered` its lowering (None on
+    a cache hit, which skips lowering): what observers read."""
 
     def __init__(self, artifact: CompiledArtifact, toolchain: Toolchain, constants: dict[str, torch.Tensor],
-                 kernels: dict[str, Callable] | None = None) -> None:
+                 kernels: dict[str, Callable] | None = None, static_gm: fx.GraphModule | None = None,
+                 lowered: LoweredGraph | None = None) -> None:
         self.artifact = artifact
+        self.static_gm = static_gm
+        self.lowered = lowered
         if kernels is None:
             kernels = build_kernels(toolchain, artifact)
         # Kernels by attribute name: the wrapper calls `kernels.<name>(...)` (observers may wrap them).

@@ -86,8 +86,9 @@ class NeuronConfig:
         "('neuron', needs a Neuron host), or 'auto' (neuron when the real nki imports and a device exists).",
         codegen=True)
     target: str = _option(
-        "trn2", "NEURON_INDUCTOR_TARGET", _choice("trn2", "trn3"),
-        "Hardware generation whose limits the kernels obey and whose cost model estimates time.",
+        "trn2", "NEURON_INDUCTOR_TARGET", _choice("trn1", "trn2", "trn3"),
+        "Hardware generation whose limits the kernels obey (the interpreter checks and runs them with its "
+        "rules and capacities) and whose cost model estimates time.",
         codegen=True)
     fallback: str = _option(
         "warn", "NEURON_INDUCTOR_FALLBACK", _choice("warn", "allow", "error"),

@@ -1,7 +1,7 @@
 """The Neuron decomposition table, in one place.
 
-Start from PyTorch's core ATen decompositions, remove the ops we lower whole (a dedicated kernel
-beats the decomposed pointwise soup: fewer HBM round trips, fused reductions), and add overrides.
+Start from PyTorch's core ATen decompositions, remove the ops we lower whole (`KEPT_WHOLE` of the op
+table, lowering/registry.py), and add overrides.
 """
 
 from __future__ import annotations
@@ -11,23 +11,9 @@ import functools
 import torch
 from torch._decomp import core_aten_decompositions, register_decomposition
 
-aten = torch.ops.aten
+from .lowering.registry import KEPT_WHOLE
 
-# Ops kept whole because a kernel family lowers them directly.
-KEPT_WHOLE = [
-    aten._softmax_backward_data.default,  # lowering/norms.py
-    aten._log_softmax_backward_data.default,  # lowering/norms.py
-    aten.native_layer_norm_backward.default,  # lowering/norms.py
-    aten._fused_rms_norm.default,  # lowering/norms.py
-    aten.nll_loss_forward.default,  # lowering/norms.py (cross-entropy)
-    aten.nll_loss_backward.default,  # lowering/norms.py (cross-entropy)
-    aten.embedding_dense_backward.default,  # lowering/indexing.py
-    aten.silu.default,  # lowering/pointwise.py (one ScalarE activation)
-    aten._scaled_dot_product_flash_attention_for_cpu.default,  # lowering/attention.py
-    aten.linear.default,  # addmm / mm with the transposed weight as a view
-]
-# Not in the core table at all, listed so the reader sees the whole picture: _softmax, _log_softmax,
-# native_layer_norm, gelu, addmm, mm, bmm, embedding, and the SDPA backward stay whole by default.
+aten = torch.ops.aten
 
 OVERRIDES: dict = {}
 

@@ -35,6 +35,7 @@ from .bucketing import Bucket, BucketPolicy, evaluate, shape_exprs, size_expr
 from .cache import base_key_parts, get_cache
 from .compiler import CompiledArtifact, Program, compile_and_build
 from .config import NeuronConfig
+from .lowering.graph import LoweredGraph
 from .lowering.registry import VIEW_OPS
 from .passes.pad_safety import PadSafeRewrite
 from .toolchain import select_toolchain
@@ -148,7 +149,7 @@ class GraphRunner:
         self.policy = BucketPolicy.parse(config.buckets)
         self.symbolic = bucketing.has_symbolic_shapes(example_inputs)
         self.graph_hash = graph_structure_hash(gm, example_inputs)
-        self.toolchain = select_toolchain(config.toolchain)
+        self.toolchain = select_toolchain(config.toolchain, config.target)
         self.programs: dict[tuple, Program] = {}
         self.input_specs = [_value_spec(v) for v in example_inputs]
         self.input_dtypes = [str(v.dtype) for v in example_inputs if isinstance(v, torch.Tensor)]
@@ -277,14 +278,11 @@ class GraphRunner:
         return bucketing.specialize(self.graph_for(plan), inputs) if plan.bucket is not None else self.gm
 
     def _load_program(self, artifact: CompiledArtifact, static_gm: fx.GraphModule | None,
-                      kernels: dict | None = None) -> Program:
+                      kernels: dict | None = None, lowered: LoweredGraph | None = None) -> Program:
         constants = {}
         if artifact.constants:
             constants = {name: getattr(static_gm, name) for name in artifact.constants}
-        program = Program(artifact, self.toolchain, constants, kernels)
-        program.static_gm = static_gm
-        program.lowered = None
-        return program
+        return Program(artifact, self.toolchain, constants, kernels, static_gm, lowered)
 
     def _compile(self, plan: CallPlan, inputs: list) -> Program:
         start = time.perf_counter()
@@ -294,8 +292,7 @@ class GraphRunner:
         artifact, lowered, kernels = compile_and_build(static_gm, self.config.fallback, self.toolchain,
                                                        self.config.target, verdicts)
         artifact.meta["timings"]["bucket"] = bucket_seconds
-        program = self._load_program(artifact, static_gm, kernels)
-        program.lowered = lowered
+        program = self._load_program(artifact, static_gm, kernels, lowered)
         artifact.meta["compile_seconds"] = time.perf_counter() - start
         artifact.meta["bucket"] = plan.label
         return program

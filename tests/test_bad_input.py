@@ -43,7 +43,7 @@ def _first_call_error(fn, *args, **compile_kwargs) -> BaseException:
 # One invalid value per validated option, and what the error must list as accepted.
 BAD_VALUES = {
     "toolchain": ("gpu", "accepted values: auto, simulator, neuron"),
-    "target": ("trn1", "accepted values: trn2, trn3"),
+    "target": ("trn4", "accepted values: trn1, trn2, trn3"),
     "fallback": ("sometimes", "accepted values: warn, allow, error"),
     "buckets": ("128,64", "accepted: 'N' (next multiple of N"),
     "verify": ("loud", "accepted values: off, warn, raise"),

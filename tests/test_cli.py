@@ -179,7 +179,7 @@ def test_cache_show_unknown_key(compiled, capsys):
     (["cache", "purge"], "invalid choice: 'purge' (choose from 'list', 'show', 'clear', 'explain')"),
     (["cache", "show"], "the following arguments are required: KEY"),
     (["cache", "explain", "--last", "0"], "'0' is not a positive integer"),
-    (["replay", "x", "--target", "trn9"], "invalid choice: 'trn9' (choose from 'trn2', 'trn3')"),
+    (["replay", "x", "--target", "trn9"], "invalid choice: 'trn9' (choose from 'trn1', 'trn2', 'trn3')"),
     (["replay", "x", "--seed", "one"], "invalid int value: 'one'"),
 ])
 def test_bad_arguments_say_what_is_accepted(argv, message, capsys):

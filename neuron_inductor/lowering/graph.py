@@ -21,6 +21,7 @@ import torch
 import torch.fx as fx
 from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
+from ..tile_program import constant_scalar
 from . import matmul, pointwise
 from .ir import HostStep, KernelSpec, KernelStep, Step, Unsupported
 from .registry import (ALLOCATIONS, COLLECTIVES, FALLBACKS, LOWERINGS, RNG_WRAPPERS, SIZE_OPS, VIEW_OPS,
@@ -77,14 +78,6 @@ def _has_data_dependent_size(node: fx.Node) -> bool:
     flat = [v for value in values for v in (value if isinstance(value, (tuple, list)) else [value])]
     return any(isinstance(v, torch.Tensor) and free_unbacked_symbols((*v.shape, *v.stride()))
                for v in flat)
-
-
-def _no_lowering_reason(node: fx.Node) -> str:
-    """Why a node without a registered lowering falls back; a pointwise op was refused for its dtypes
-    or arguments, not for lack of a kernel, and the reason says which."""
-    if node.target not in pointwise.HANDLERS:
-        return f"no lowering for {op_name(node)}"
-    return f"{op_name(node)}: {pointwise.refusal(node)}"
 
 
 _RESHAPING_VIEWS = {torch.ops.aten.view.default, torch.ops.aten._unsafe_view.default}
@@ -209,7 +202,7 @@ def lower_graph(gm: fx.GraphModule, fallback_mode: str = "warn",
 
     def foldable_constant(node: fx.Node) -> bool:
         """A 0-d constant whose users all take it as an immediate needs no kernel of its own."""
-        return (pointwise.constant_scalar(node) is not None and bool(node.users)
+        return (constant_scalar(node) is not None and bool(node.users)
                 and all(user.op == "call_function" and user not in force_fallback and _is_tensor(user)
                         and pointwise.is_pointwise(user) for user in node.users))
 
@@ -275,7 +268,7 @@ def lower_graph(gm: fx.GraphModule, fallback_mode: str = "warn",
             continue
         lowering = LOWERINGS.get(node.target)
         if lowering is None:
-            fall_back(node, _no_lowering_reason(node))
+            fall_back(node, f"no lowering for {op_name(node)}")
             continue
         try:
             spec = lowering(node)

@@ -1,5 +1,6 @@
-"""Indexing (family `gather_scatter`): row gathers and scatter-adds through one-hot matmuls,
-and gathers / scatters along the last dim through lane masks.
+"""Indexing (families `gather_rows`, `gather_lanes`, `gather_columns`, one template per kernel
+shape): row gathers and scatter-adds through one-hot matmuls, and gathers / scatters along the
+last dim (lanes) or another dim (columns) through lane masks.
 
 Row ops (`mode` "row_gather" / "row_scatter"): embedding, index_select, index.Tensor with integer
 index tensors on consecutive dims (broadcast against each other), embedding_dense_backward,
@@ -122,7 +123,7 @@ def _row_gather(node: fx.Node, table: fx.Node, first: int, indices: list[fx.Node
     params = _row_params("row_gather", w, first, ids)
     tokens = math.prod(val(node).shape) // max(params["outer"] * params["inner"], 1)
     flops = 2 * params["outer"] * tokens * params["rows"] * params["inner"]
-    return KernelSpec("gather_scatter", params, [table, *indices], [node], flops=flops)
+    return KernelSpec("gather_rows", params, [table, *indices], [node], flops=flops)
 
 
 @register_lowering(aten.embedding.default)
@@ -170,7 +171,7 @@ def _row_scatter(node, base, first: int, indices: list, values, accumulate: bool
     params.update(accumulate=accumulate, padding_idx=padding_idx, has_base=base is not None)
     inputs = [values, *indices] + ([base] if base is not None else [])
     flops = 2 * v.numel() * params["rows"]
-    return KernelSpec("gather_scatter", params, inputs, [node], flops=flops)
+    return KernelSpec("gather_rows", params, inputs, [node], flops=flops)
 
 
 @register_lowering(aten.embedding_dense_backward.default)
@@ -226,7 +227,8 @@ def _lane_spec(node: fx.Node, mode: str, x: fx.Node, dim, index: fx.Node, src=No
         params["value"] = float(value)
         params["value_bits"] = float32_bits(torch.tensor(float(value), dtype=xv.dtype).item())
     inputs = [x, index] + ([src] if isinstance(src, fx.Node) else [])
-    return KernelSpec("gather_scatter", params, inputs, [node], flops=xv.numel() * width)
+    family = "gather_lanes" if params["mode"].startswith("lane") else "gather_columns"
+    return KernelSpec(family, params, inputs, [node], flops=xv.numel() * width)
 
 
 @register_lowering(aten.gather.default)

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 import torch
 import torch.fx as fx
 
-from . import pointwise
+from ..tile_program import build_program, on_chip_name, resolve_program
 from .common import val
 from .ir import KernelSpec, Unsupported
 from .registry import register_lowering
@@ -300,7 +300,7 @@ def lower_matmul_with_epilogue(mm_node: fx.Node, epilogue_nodes: list[fx.Node], 
             raise Unsupported(f"epilogue node {node.name} of shape {tuple(val(node).shape)} on a {out_shape} matmul")
     if not any(mm_node in node.all_input_nodes for node in epilogue_nodes):
         raise Unsupported("the epilogue does not read the matmul result")
-    program = pointwise.build_program(epilogue_nodes, outputs)
+    program = build_program(epilogue_nodes, outputs)
     kinds, loads, matmul_var = {}, [], None
     for index, inp in enumerate(program.inputs):
         if inp.value is mm_node:
@@ -319,8 +319,8 @@ def lower_matmul_with_epilogue(mm_node: fx.Node, epilogue_nodes: list[fx.Node], 
         spec.inputs.append(inp.value)
     if matmul_var is None:
         raise Unsupported("the epilogue does not read the matmul result")
-    store_dtypes = [pointwise.on_chip_name(val(node).dtype) for node, _ in program.results]
-    resolved = pointwise.resolve_program(program, kinds, {matmul_var}, store_dtypes)
+    store_dtypes = [on_chip_name(val(node).dtype) for node, _ in program.results]
+    resolved = resolve_program(program, kinds, {matmul_var}, store_dtypes)
     spec.params["epilogue"] = {"matmul_var": matmul_var, "loads": loads, "instrs": resolved.instrs,
                                "stores": resolved.stores}
     spec.outputs = list(outputs)

@@ -1,12 +1,21 @@
-"""Which ATen ops become kernels, which are host views, and which deliberately fall back.
+"""The op table: what happens to each ATen op, in one place.
 
-Lowering modules register themselves here with `register_lowering`; `load_lowerings()` imports
-them all, so this file together with the `LOWERING_MODULES` list is the complete picture.
+- `LOWERINGS`: the kernel lowering of an op. Lowering modules register with `register_lowering`
+  (pointwise ops with `lowering.pointwise.register_pointwise`); `load_lowerings()` imports the
+  modules of `LOWERING_MODULES`.
+- `VIEW_OPS`, `ALLOCATIONS`, `SIZE_OPS`, `RNG_WRAPPERS`, `COLLECTIVES`: host steps (no kernel).
+- `FALLBACKS`: deliberate eager fallbacks, with the reason the user sees.
+- `KEPT_WHOLE`: ops the decomposition table leaves whole because a lowering takes them.
+- `PAD_RULES`: how `passes/pad_safety.py` makes an op safe on padded data (`@pad_rule(op)`); ops
+  without one are judged row-local or refused there (`pad_safety.rule_for`).
+`python -m neuron_inductor.support_table` writes the op -> lowering / pad rule / fallback table
+to docs/supported_ops.md; tests/test_op_table.py checks the table is consistent and up to date.
 """
 
 from __future__ import annotations
 
 import importlib
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
@@ -85,6 +94,49 @@ FALLBACKS: dict[torch._ops.OpOverload, str] = {
     aten.randn_like.default: "random numbers stay on the host so results follow eager's RNG stream",
     aten._local_scalar_dense.default: "reads a device value into Python (a host sync, not a kernel)",
 }
+
+
+# Ops the decomposition table keeps whole (decompositions.py removes them from the core table)
+# because a kernel family lowers them directly: a dedicated kernel beats the decomposed pointwise
+# soup (fewer HBM round trips, fused reductions). Every one must have a lowering.
+KEPT_WHOLE = [
+    aten._softmax_backward_data.default,  # lowering/norms.py
+    aten._log_softmax_backward_data.default,  # lowering/norms.py
+    aten.native_layer_norm_backward.default,  # lowering/norms.py
+    aten._fused_rms_norm.default,  # lowering/norms.py
+    aten.nll_loss_forward.default,  # lowering/norms.py (cross-entropy)
+    aten.nll_loss_backward.default,  # lowering/norms.py (cross-entropy)
+    aten.embedding_dense_backward.default,  # lowering/indexing.py
+    aten.silu.default,  # lowering/pointwise.py (one ScalarE activation)
+    aten._scaled_dot_product_flash_attention_for_cpu.default,  # lowering/attention.py
+]
+# Not in the core table at all, listed so the reader sees the whole picture: _softmax, _log_softmax,
+# native_layer_norm, gelu, addmm, mm, bmm, embedding, and the SDPA backward stay whole by default.
+# `linear` is not kept whole: it decomposes to addmm / mm of the transposed weight (a view), which
+# the matmul family lowers reading the weight in place.
+
+
+@dataclass(frozen=True)
+class PadRule:
+    """`rule(rewriter, node)` makes one op's node safe on padded data; `what` says how, briefly."""
+
+    rule: Callable
+    what: str
+
+
+# ATen op (or higher-order op) -> its pad-safety rule (registered by passes/pad_safety.py).
+PAD_RULES: dict = {}
+
+
+def pad_rule(*ops, what: str) -> Callable[[Callable], Callable]:
+    def decorate(rule: Callable) -> Callable:
+        for op in ops:
+            if op in PAD_RULES:
+                raise RuntimeError(f"{op} already has a pad-safety rule ({PAD_RULES[op].rule.__name__})")
+            PAD_RULES[op] = PadRule(rule, what)
+        return rule
+
+    return decorate
 
 
 def register_lowering(*ops: torch._ops.OpOverload) -> Callable[[LoweringFn], LoweringFn]:

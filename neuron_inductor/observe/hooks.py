@@ -190,7 +190,7 @@ def on_program_compiled(runner: Any, program: Any, signature: Any, args: list) -
         bucket.folder = dump.bucket_folder(bucket, runner.config)
         dump.write_bucket(
             bucket.folder, dynamo_code=aot.dynamo.code if aot.dynamo else None, aten_gm=runner.gm,
-            lowered_gm=getattr(program, "static_gm", None), artifact=artifact,
+            lowered_gm=program.static_gm, artifact=artifact,
             bucket_info={"signature": bucket.signature, "real_input_shapes": _shapes(real_args),
                          "compiled_input_shapes": _compiled_shapes(program), "padding": bucket.padding,
                          "bucket_policy": runner.config.buckets},
@@ -205,7 +205,7 @@ def _shapes(args: list) -> list[list[int] | None]:
 
 
 def _compiled_shapes(program: Any) -> list[list[int] | None] | None:
-    static_gm = getattr(program, "static_gm", None)
+    static_gm = program.static_gm
     if static_gm is None:
         return None
     return _shapes([n.meta.get("val") for n in static_gm.graph.nodes if n.op == "placeholder"])
@@ -262,7 +262,7 @@ def _finish_first_run(runner: Any, program: Any, bucket: session.CompiledBucket,
             listed = list(outputs) if isinstance(outputs, (tuple, list)) else [outputs]
             listed = _real_sized(runner, args, listed, runner.output_specs)
             inputs_after = _real_sized(runner, args, args, runner.input_specs)
-            producers = verify.output_producers(getattr(program, "lowered", None), getattr(program, "static_gm", None))
+            producers = verify.output_producers(program.lowered, program.static_gm)
             checked, mismatch = verify.compare(reference, listed, inputs_after, producers)
             bucket.verify = verify.report(bucket.label, runner.config.verify, checked, mismatch)
     finally:

@@ -40,7 +40,7 @@ import torch
 import torch.fx as fx
 
 from ..bucketing import dim_factors, evaluate, size_expr
-from ..lowering.registry import RNG_WRAPPERS, VIEW_OPS
+from ..lowering.registry import PAD_RULES, RNG_WRAPPERS, VIEW_OPS, pad_rule
 from .padded_layout import (
     RESHAPES, SAME_AS_FIRST, UNKNOWN, MultiLayout, analyse, cat_dim, cat_parts, input_layout, is_padded_expr, prefix_cat,
     reduced_dims, same_size, tensor_inputs, tensor_val,
@@ -149,6 +149,34 @@ NEVER_PADDED = {  # op -> why padding along its data dims cannot be neutralised 
     aten.cummax.default: "returns indices across a merged padded dim",
     aten.cummin.default: "returns indices across a merged padded dim",
 }
+
+
+def row_local_target(target) -> bool:
+    """Whether the op never moves data across positions of a padded dim."""
+    if not isinstance(target, torch._ops.OpOverload):
+        return True  # getitem and SymInt arithmetic
+    return target in ROW_LOCAL or torch.Tag.pointwise in target.tags
+
+
+def rule_for(target):
+    """The rule making `target` pad safe: its registered @pad_rule, the random-op rule for ops
+    tagged nondeterministic_seeded, else the row-local / default-deny rule."""
+    if target in PAD_RULES:
+        return PAD_RULES[target].rule
+    if isinstance(target, torch._ops.OpOverload) and torch.Tag.nondeterministic_seeded in target.tags:
+        return _Rewriter.random
+    return _Rewriter.row_local_or_deny
+
+
+def rule_summary(target) -> str:
+    """What the pass does with `target` in padded graphs, in a few words (the support table's column)."""
+    if target in PAD_RULES:
+        return PAD_RULES[target].what
+    if rule_for(target) is _Rewriter.random:
+        return "random: refused over a padded dim"
+    if row_local_target(target):
+        return "row-local (positions never mix)"
+    return "no rule: graphs reading padded data through it run unpadded"
 
 
 class _Rewriter:
@@ -336,94 +364,102 @@ class _Rewriter:
         self.check_outputs()
 
     def visit(self, node: fx.Node) -> None:
-        target = node.target
         self.fix_value_uses(node)
-        if target in (aten.mean.dim, aten.mean.default):
-            return self.mean(node)
-        if target in (aten.var.correction, aten.std.correction):
-            return self.variance(node)
-        if target in SUM_LIKE:
-            return self.reduction(node, SUM_LIKE[target])
-        if target is aten.linalg_vector_norm.default:
-            # sum |x|**p: zeros are neutral for p >= 0; for p < 0 (and min |x|, p = -inf) |0|**p is
-            # inf, while the largest value adds ~0 (or never wins the min).
-            order = node.args[1] if len(node.args) > 1 else node.kwargs.get("ord", 2)
-            if isinstance(order, fx.Node):
-                if self.padded_dims(node.args[0], reduced_dims(node)[0]):
-                    raise Unsafe("a vector norm over a padded dim whose order is a graph value")
-                return None
-            return self.reduction(node, "max" if order < 0 else "zero")
-        if target in (aten._softmax.default, aten._log_softmax.default):
-            return self.mask_args(node, [(0, [node.args[1]], "min")], "padded logits -> -inf")
-        if target is aten._softmax_backward_data.default:
-            return self.mask_args(node, [(0, [node.args[2]], "zero"), (1, [node.args[2]], "zero")], "grad, out -> 0")
-        if target is aten._log_softmax_backward_data.default:
-            return self.mask_args(node, [(0, [node.args[2]], "zero")], "grad -> 0")
-        if target in CUMULATIVE:
-            dim = node.args[1]
-            layout = self.dim_layout(node.args[0], dim)
-            if layout is not None and (layout == UNKNOWN or len(layout) > 1):
-                return self.mask_args(node, [(0, [dim], CUMULATIVE[target])], "merged dim masked")
+        return rule_for(node.target)(self, node)
+
+    # -- rules: registered per op with @pad_rule (lowering/registry.py); rule_for() picks one ----
+
+    @pad_rule(*SUM_LIKE, what="reduction: padded elements -> the reduction's neutral value")
+    def sum_like(self, node: fx.Node) -> None:
+        return self.reduction(node, SUM_LIKE[node.target])
+
+    @pad_rule(aten.linalg_vector_norm.default,
+              what="norm: padded elements -> 0 (ord >= 0) or the largest value (ord < 0)")
+    def vector_norm(self, node: fx.Node) -> None:
+        # sum |x|**p: zeros are neutral for p >= 0; for p < 0 (and min |x|, p = -inf) |0|**p is
+        # inf, while the largest value adds ~0 (or never wins the min).
+        order = node.args[1] if len(node.args) > 1 else node.kwargs.get("ord", 2)
+        if isinstance(order, fx.Node):
+            if self.padded_dims(node.args[0], reduced_dims(node)[0]):
+                raise Unsafe("a vector norm over a padded dim whose order is a graph value")
             return None
-        if target in CONTRACTIONS:
-            return self.contraction(node)
-        if target in (ATTENTION, ATTENTION_BACKWARD):
-            return self.attention(node, target)
-        if target in RNG_WRAPPERS:
-            return self.rng_wrapped(node)
-        if target in NLL_LOSSES:
-            return self.nll_loss(node)
-        if target is aten.embedding_dense_backward.default:
-            grad = node.args[0]
-            return self.mask_args(node, [(0, range(tensor_val(grad).dim() - 1), "zero")], "grad of padded ids -> 0")
-        if target in (aten.index_put.default, aten.index_put_.default, aten._unsafe_index_put.default):
-            return self.index_put(node)
-        if target in (aten.scatter_add.default, aten.scatter_reduce.two, aten.scatter.src, aten.scatter.value,
-                      aten.index_add.default):
-            self.real_positions(self.dim_layout(node.args[0], node.args[1]))
-        if target in (aten.scatter_add.default, aten.scatter_reduce.two):
-            return self.scatter_reduce(node)
-        if target in (aten.scatter.src, aten.scatter.value):
-            if node.args[1] in self.padded_dims(node.args[2]) or self.padded_dims(node.args[2], [node.args[1]]):
-                raise Unsafe("overwrites along a padded index dim")
-            return None
-        if target is aten.index_add.default:
-            return self.mask_args(node, [(3, [node.args[1]], "zero")], "padded source rows -> 0")
-        if target is aten.select.int:
-            return self.select(node)
-        if target is aten.slice.Tensor:
-            return self.slice(node)
-        if target in (aten.slice_scatter.default, aten.select_scatter.default):
-            return self.scatter_into_slice(node)
-        if target is aten.constant_pad_nd.default:
-            return self.constant_pad(node)
-        if target in NEVER_PADDED:
-            return self.check_untouched(node)
-        if target is aten.cat.default:
-            return self.cat(node)
-        if target in (aten.arange.start, aten.arange.start_step):
-            return self.arange(node)
-        if target in INDEXED_DIMS:
-            return self.indexing(node)
-        if target in (aten.as_strided.default, aten.diagonal.default):
-            if self.padded_dims(node.args[0]):
-                raise Unsafe("takes a strided view of padded data, whose strides count padded positions")
-            return None
-        if target is aten.repeat.default:
-            repeats = list(node.args[1])
-            tiled = [d for d, r in enumerate(repeats[len(repeats) - tensor_val(node.args[0]).dim():]) if r != 1]
-            if self.padded_dims(node.args[0], tiled):
-                raise Unsafe("tiles a padded dim")
-            return None
-        if target in (aten.split.Tensor, aten.split_with_sizes.default, aten.unbind.int):
-            dim = node.args[2] if len(node.args) > 2 else node.kwargs.get("dim", 0)
-            if target is aten.unbind.int:
-                dim = node.args[1] if len(node.args) > 1 else 0
-            if self.padded_dims(node.args[0], [dim]):
-                raise Unsafe("splits along a padded dim")
-            return None
-        if isinstance(target, torch._ops.OpOverload) and torch.Tag.nondeterministic_seeded in target.tags:
-            return self.random(node)
+        return self.reduction(node, "max" if order < 0 else "zero")
+
+    @pad_rule(aten._softmax.default, aten._log_softmax.default, what="padded logits -> -inf")
+    def softmax(self, node: fx.Node) -> None:
+        return self.mask_args(node, [(0, [node.args[1]], "min")], "padded logits -> -inf")
+
+    @pad_rule(aten._softmax_backward_data.default, what="padded grad and output -> 0")
+    def softmax_backward(self, node: fx.Node) -> None:
+        return self.mask_args(node, [(0, [node.args[2]], "zero"), (1, [node.args[2]], "zero")], "grad, out -> 0")
+
+    @pad_rule(aten._log_softmax_backward_data.default, what="padded grad -> 0")
+    def log_softmax_backward(self, node: fx.Node) -> None:
+        return self.mask_args(node, [(0, [node.args[2]], "zero")], "grad -> 0")
+
+    @pad_rule(*CUMULATIVE, what="scan: a merged padded dim is masked to the neutral value")
+    def cumulative(self, node: fx.Node) -> None:
+        dim = node.args[1]
+        layout = self.dim_layout(node.args[0], dim)
+        if layout is not None and (layout == UNKNOWN or len(layout) > 1):
+            return self.mask_args(node, [(0, [dim], CUMULATIVE[node.target])], "merged dim masked")
+        return None
+
+    @pad_rule(ATTENTION, ATTENTION_BACKWARD, what="attention: padded rows -> 0, padded keys masked (non-causal)")
+    def plain_attention(self, node: fx.Node) -> None:
+        return self.attention(node, node.target)
+
+    @pad_rule(aten.embedding_dense_backward.default, what="grad of padded ids -> 0")
+    def embedding_backward(self, node: fx.Node) -> None:
+        grad = node.args[0]
+        return self.mask_args(node, [(0, range(tensor_val(grad).dim() - 1), "zero")], "grad of padded ids -> 0")
+
+    @pad_rule(aten.scatter_add.default, aten.scatter_reduce.two,
+              what="scatter-reduce: padded sources -> the reduction's neutral value")
+    def scatter_reducing(self, node: fx.Node) -> None:
+        self.real_positions(self.dim_layout(node.args[0], node.args[1]))
+        return self.scatter_reduce(node)
+
+    @pad_rule(aten.scatter.src, aten.scatter.value, what="scatter: refused along a padded index dim")
+    def scatter_overwriting(self, node: fx.Node) -> None:
+        self.real_positions(self.dim_layout(node.args[0], node.args[1]))
+        if node.args[1] in self.padded_dims(node.args[2]) or self.padded_dims(node.args[2], [node.args[1]]):
+            raise Unsafe("overwrites along a padded index dim")
+        return None
+
+    @pad_rule(aten.index_add.default, what="padded source rows -> 0")
+    def index_add(self, node: fx.Node) -> None:
+        self.real_positions(self.dim_layout(node.args[0], node.args[1]))
+        return self.mask_args(node, [(3, [node.args[1]], "zero")], "padded source rows -> 0")
+
+    @pad_rule(aten.as_strided.default, aten.diagonal.default,
+              what="refused on padded data (its strides count padded positions)")
+    def strided_view(self, node: fx.Node) -> None:
+        if self.padded_dims(node.args[0]):
+            raise Unsafe("takes a strided view of padded data, whose strides count padded positions")
+        return None
+
+    @pad_rule(aten.repeat.default, what="refused when it tiles a padded dim")
+    def repeat(self, node: fx.Node) -> None:
+        repeats = list(node.args[1])
+        tiled = [d for d, r in enumerate(repeats[len(repeats) - tensor_val(node.args[0]).dim():]) if r != 1]
+        if self.padded_dims(node.args[0], tiled):
+            raise Unsafe("tiles a padded dim")
+        return None
+
+    @pad_rule(aten.split.Tensor, aten.split_with_sizes.default, aten.unbind.int, what="refused along a padded dim")
+    def split(self, node: fx.Node) -> None:
+        dim = node.args[2] if len(node.args) > 2 else node.kwargs.get("dim", 0)
+        if node.target is aten.unbind.int:
+            dim = node.args[1] if len(node.args) > 1 else 0
+        if self.padded_dims(node.args[0], [dim]):
+            raise Unsafe("splits along a padded dim")
+        return None
+
+    def row_local_or_deny(self, node: fx.Node) -> None:
+        """Ops without a rule: a row-local one (positions never mix) is safe once operands combined
+        position by position align; any other reading padded data is refused (default-deny)."""
+        target = node.target
         if self.is_row_local(node):
             if target in ELEMENTWISE_EXTRA or (isinstance(target, torch._ops.OpOverload)
                                                and torch.Tag.pointwise in target.tags):
@@ -437,10 +473,9 @@ class _Rewriter:
         target = node.target
         if target is torch.ops.higher_order.auto_functionalized_v2:  # a mutating custom op: judge the op itself
             target = node.args[0]
-        if not isinstance(target, torch._ops.OpOverload):
-            return True  # getitem and SymInt arithmetic
-        return target in ROW_LOCAL or torch.Tag.pointwise in target.tags
+        return row_local_target(target)
 
+    @pad_rule(*NEVER_PADDED, what="refused along its data dims when they are padded")
     def check_untouched(self, node: fx.Node) -> None:
         target = node.target
         data_dims = {
@@ -518,6 +553,7 @@ class _Rewriter:
         dims = range(val.dim()) if dims is None else {d % val.dim() for d in dims}
         return self.real_scalar(sympy.Mul(*[size_expr(val.shape[d]) for d in dims]))
 
+    @pad_rule(aten.mean.dim, aten.mean.default, what="sum of real elements / real count")
     def mean(self, node: fx.Node) -> None:
         source = node.args[0]
         dims, keepdim = reduced_dims(node)
@@ -529,6 +565,7 @@ class _Rewriter:
         result = self._call(aten.div.Tensor, total, self._count(source, dims))
         self.replace(node, result, "sum of real elements / real count")
 
+    @pad_rule(aten.var.correction, aten.std.correction, what="centred on the real mean, divided by the real count")
     def variance(self, node: fx.Node) -> None:
         source = node.args[0]
         dims, keepdim = reduced_dims(node)
@@ -549,6 +586,7 @@ class _Rewriter:
             result = self._call(aten.sqrt.default, result)
         self.replace(node, result, "centred on the real mean, divided by the real count")
 
+    @pad_rule(*CONTRACTIONS, what="both operands zeroed along a padded contraction dim")
     def contraction(self, node: fx.Node) -> None:
         specs = CONTRACTIONS[node.target]
         (a_index, a_dim), (b_index, b_dim) = specs
@@ -586,6 +624,7 @@ class _Rewriter:
         if not causal and key_layout is not None:
             self.key_mask(node, key, dtype)
 
+    @pad_rule(*RNG_WRAPPERS, what="attention without dropout as attention; other random ops as random ops")
     def rng_wrapped(self, node: fx.Node) -> None:
         """A checkpointed region's random op: attention without dropout is plain attention (SDPA is
         tagged random for its dropout argument); any other is a random op."""
@@ -617,6 +656,7 @@ class _Rewriter:
                               self._call(aten.scalar_tensor.default, -math.inf, dtype=tensor_val(existing).dtype))
         node.update_kwarg("attn_mask", mask)
 
+    @pad_rule(*NLL_LOSSES, what="padded targets -> ignore_index; refused on a padded class dim")
     def nll_loss(self, node: fx.Node) -> None:
         log_probs_position, target_position, ignore_index_position = NLL_LOSSES[node.target]
         log_probs, target = node.args[log_probs_position], node.args[target_position]
@@ -629,6 +669,8 @@ class _Rewriter:
         node.update_arg(target_position, self._call(aten.where.self, mask, target, ignore))
         self.note(node, "padded targets -> ignore_index")
 
+    @pad_rule(aten.index_put.default, aten.index_put_.default, aten._unsafe_index_put.default,
+              what="accumulate: padded values -> 0; overwriting at padded indices refused")
     def index_put(self, node: fx.Node) -> None:
         accumulate = len(node.args) > 3 and bool(node.args[3])
         base = node.args[0]
@@ -655,6 +697,7 @@ class _Rewriter:
                 raise Unsafe("scatter_reduce without self over padded sources")
         self.mask_args(node, [(3, None, kind)], "padded sources -> neutral")
 
+    @pad_rule(aten.select.int, what="an index from the end counts from the real end")
     def select(self, node: fx.Node) -> None:
         source, dim, index = node.args
         layout = self.dim_layout(source, dim)
@@ -673,6 +716,7 @@ class _Rewriter:
         result = self._call(aten.squeeze.dim, picked, dim)
         self.replace(node, result, "index counted from the real end")
 
+    @pad_rule(aten.slice.Tensor, what="negative / symbolic bounds count from the real end")
     def slice(self, node: fx.Node) -> None:
         source, dim, start, _, step = _with_defaults(node, [None, 0, 0, None, 1])
         layout = self.dim_layout(source, dim)
@@ -707,6 +751,7 @@ class _Rewriter:
             result = self._call(aten.index_select.default, source, dim, positions)
         self.replace(node, result, "start counted from the real end", keep=keep)
 
+    @pad_rule(aten.constant_pad_nd.default, what="padded data moved so the fill follows the real data")
     def constant_pad(self, node: fx.Node) -> None:
         """Padding a padded dim puts the fill after the bucket's padding, not after the real data (as
         `F.pad(labels, (0, 1), value=ignore_index)` for shifted labels expects): every position from
@@ -741,6 +786,8 @@ class _Rewriter:
                 created |= {size, positions, keep, fill_value, result}
         self.replace(node, result, "positions past the real end -> fill value", keep=created)
 
+    @pad_rule(aten.slice_scatter.default, aten.select_scatter.default,
+              what="positions from the end count from the real end")
     def scatter_into_slice(self, node: fx.Node) -> None:
         base, src, dim = node.args[0], node.args[1], node.args[2]
         layout = self.dim_layout(base, dim)
@@ -761,6 +808,7 @@ class _Rewriter:
             raise Unsafe("writes at a position counted from the end of a padded dim")
 
 
+    @pad_rule(aten.cat.default, what="parts along a padded dim re-packed after each part's real end")
     def cat(self, node: fx.Node) -> None:
         """A cat along a padded dim places each part after the previous part's *padded* end. Equal
         prefix parts give the (k, e) layout the runtime reads a k*e dim in; other prefix parts are
@@ -797,6 +845,8 @@ class _Rewriter:
             result = call(aten.index_select.default, node, dim, source)
         self.replace(node, result, "parts gathered to their real offsets", keep=created)
 
+    @pad_rule(aten.arange.start, aten.arange.start_step,
+              what="a start computed from a padded size counts from the real size")
     def arange(self, node: fx.Node) -> None:
         """A range's values come from its start and step; its end only sets its (padded) length. A
         start computed from a padded size (arange(n - 1, -1, -1)) counts from the real size."""
@@ -818,6 +868,7 @@ class _Rewriter:
             result = self._call(aten.where.self, self._call(below, counts, real_length), values, real_start)
         self.replace(node, result, "starts from the real size", keep=keep)
 
+    @pad_rule(*INDEXED_DIMS, what="index values count real positions; negative indices from the real end")
     def indexing(self, node: fx.Node) -> None:
         index_arg, dims = INDEXED_DIMS[node.target](node)
         source = node.args[index_arg]

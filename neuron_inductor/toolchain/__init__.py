@@ -32,11 +32,13 @@ def neuron_device_present() -> bool:
     return os.path.exists("/dev/neuron0")
 
 
-def select_toolchain(choice: str) -> Toolchain:
+def select_toolchain(choice: str, target: str = "trn2") -> Toolchain:
+    """The toolchain for `choice`; the interpreter builds kernels for `target` (the real one for the
+    device it runs on)."""
     from .simulator import SimulatorToolchain
 
     if choice == "simulator":
-        return SimulatorToolchain()
+        return SimulatorToolchain(target)
     from .neuron import NeuronToolchain, real_nki_available
 
     if choice == "neuron":
@@ -45,4 +47,4 @@ def select_toolchain(choice: str) -> Toolchain:
         log.info("neuron_inductor: toolchain 'neuron' (real nki.jit on a Neuron device)")
         return NeuronToolchain()
     log.info("neuron_inductor: toolchain 'simulator' (no Neuron device; kernels run in the NKI interpreter)")
-    return SimulatorToolchain()
+    return SimulatorToolchain(target)

@@ -8,7 +8,13 @@ from .. import sim
 
 
 class SimulatorToolchain:
+    """Builds kernels for one hardware target: they run with its rules and capacities (SBUF / PSUM
+    sizes, matmul limits), as the Neuron compiler builds a kernel for the chip it targets."""
+
     name = "simulator"
+
+    def __init__(self, target: str = "trn2") -> None:
+        self.target = sim.get_target(target)
 
     def build(self, sources: dict[str, str], written: dict[str, list[int]] | None = None) -> dict[str, Callable]:
         # The interpreter writes through the caller's tensors (views included): `written` needs nothing.
@@ -16,7 +22,8 @@ class SimulatorToolchain:
         for name, source in sources.items():
             kernel = sim.load_kernels(source, f"<neuron_inductor kernel {name}>")[name]
             # generated kernels read no values (no registers): their copy-only runs replay (sim/replay.py)
-            kernels[name] = sim.Kernel(kernel.func, kernel.grid, kernel.platform_target, replay=True)
+            kernels[name] = sim.Kernel(kernel.func, kernel.grid, kernel.platform_target or self.target.name,
+                                       replay=True)
         return kernels
 
     def adopt(self, kernel: Any) -> Callable:
