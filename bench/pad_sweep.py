@@ -4,8 +4,8 @@
     python bench/pad_sweep.py --op cat --op roll    # some entries (OpInfo full names)
     python bench/pad_sweep.py --limit 50 --json r.json
     python bench/pad_sweep.py --tables-from r.json  # the tables of an earlier run (writes pad_sweep.md)
-    python bench/pad_sweep.py --recheck r.json --json r2.json  # re-run only the ops of r.json that did
-                                                    # not pass padded in every mode (after a fix)
+    python bench/pad_sweep.py --recheck r.json --json r2.json  # re-run the ops of r.json that did not
+                                                    # pass padded in every mode, or were not reached
 
 For each OpInfo of torch's `op_db`, the first fp32 sample whose input (its first tensor) has a dim
 of size >= 2 becomes a function of that dim's length (bench/opinfo.py's `Case`). The sample is
@@ -473,7 +473,8 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(f"not in op_db: {', '.join(unknown)} (use OpInfo full names, e.g. div.floor_rounding)")
     base = json.loads(args.recheck.read_text()) if args.recheck else None
     if base is not None:
-        names = [r["op"] for r in base["records"] if "skip" not in r["row"] and not clean(r["row"])]
+        names = ([r["op"] for r in base["records"] if "skip" not in r["row"] and not clean(r["row"])]
+                 + base.get("not_reached", []))
     else:
         names = (args.op or known)[:args.limit]
     log_dir = Path(tempfile.mkdtemp(prefix="pad_sweep_"))
@@ -485,7 +486,8 @@ def main(argv: list[str] | None = None) -> None:
     print(f"{len(records)} ops in {run['seconds'] / 60:.1f} min")
     if base is not None:
         rechecked = {r["op"]: r for r in records}
-        run = {**run, "records": [rechecked.get(r["op"], r) for r in base["records"]], "rechecked": names,
+        first_runs = [r for r in records if r["op"] in base.get("not_reached", [])]
+        run = {**run, "records": [rechecked.get(r["op"], r) for r in base["records"]] + first_runs, "rechecked": names,
                "base_commit": base["commit"]}
     for table in (summary_table(run["records"]), padded_share(run["records"]), failures_table(run["records"]),
                   unpadded_table(run["records"])):

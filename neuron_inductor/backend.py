@@ -8,12 +8,10 @@ per forward / backward / inference graph.
 
 from __future__ import annotations
 
-import functools
 import logging
 import warnings
 from typing import Any, Callable
 
-import torch
 import torch.fx as fx
 from torch._dynamo.backends.common import aot_autograd
 from torch._functorch.partitioners import min_cut_rematerialization_partition

@@ -2,6 +2,7 @@
 `--sweep` also runs the whole OpInfo sweep (tests marked sweep; as long as bench/opinfo.py)."""
 
 import pytest
+import torch
 
 
 def pytest_addoption(parser):
@@ -18,3 +19,27 @@ def pytest_collection_modifyitems(config, items):
         for keyword, skip in skips.items():
             if skip is not None and keyword in item.keywords:
                 item.add_marker(skip)
+
+
+@pytest.fixture
+def fresh_compile_state(tmp_path, monkeypatch):
+    """Dynamo, the compile report and graph-break counters start empty; compiled graphs go to a fresh cache."""
+    from torch._dynamo.utils import counters
+
+    from neuron_inductor.observe import session
+
+    monkeypatch.setenv("NEURON_INDUCTOR_CACHE_DIR", str(tmp_path / "cache"))
+    torch._dynamo.reset()
+    session.clear()
+    counters.clear()
+    yield
+    torch._dynamo.reset()
+
+
+@pytest.fixture(scope="module")
+def fresh_module_cache(tmp_path_factory):
+    """Compile into an empty cache folder for the whole module: every check runs the current code,
+    not an earlier entry."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("NEURON_INDUCTOR_CACHE_DIR", str(tmp_path_factory.mktemp("module_cache")))
+        yield

@@ -17,7 +17,6 @@ import torch.nn.functional as F
 
 import neuron_inductor
 from neuron_inductor import config
-from neuron_inductor.observe import session
 
 os.environ["HF_HUB_OFFLINE"] = "1"
 pytest.importorskip("diffusers")
@@ -37,13 +36,7 @@ HOST_ONLY = {"flux": "dtype float64 has no on-chip type",
              "dit": "random numbers stay on the host so results follow eager's RNG stream"}
 
 
-@pytest.fixture(autouse=True)
-def fresh_compile_state(tmp_path, monkeypatch):
-    monkeypatch.setenv("NEURON_INDUCTOR_CACHE_DIR", str(tmp_path / "cache"))
-    torch._dynamo.reset()
-    session.clear()
-    yield
-    torch._dynamo.reset()
+pytestmark = pytest.mark.usefixtures("fresh_compile_state")
 
 
 def _fallback_mode(name: str) -> str:

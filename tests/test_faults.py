@@ -213,7 +213,8 @@ def test_full_cache_folder_keeps_compiling_and_leaves_no_partial_files(tmp_path)
     stats = report["stats"]
     assert report["max_error"] < 1e-4
     assert stats["compiles"] > 0 and stats["disk_errors"] == stats["compiles"], stats
-    assert _entry_files(report["files"]) == [], report["files"]
+    # Kernel-check verdicts (checks/) are small enough to fit whole; compiled-graph entries are not.
+    assert [f for f in _entry_files(report["files"]) if not f.startswith("checks/")] == [], report["files"]
     assert [name for name in report["files"] if os.path.basename(name).startswith(".")] == [], report["files"]
 
 

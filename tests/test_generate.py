@@ -11,7 +11,6 @@ import torch
 pytest.importorskip("transformers")
 
 from neuron_inductor.integrations.hf import compile_summary  # noqa: E402
-from tests.test_hf_trainer import fresh_compile_state  # noqa: E402,F401  (fixture)
 
 import generate  # noqa: E402  (examples/ is on sys.path through test_hf_trainer)
 

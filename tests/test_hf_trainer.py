@@ -15,7 +15,6 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 pytest.importorskip("transformers")
 pytest.importorskip("accelerate")
 
-import torch  # noqa: E402
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 sys.path.insert(0, str(EXAMPLES))
@@ -25,21 +24,6 @@ import hf_trainer  # noqa: E402
 from neuron_inductor.integrations.hf import compile_summary  # noqa: E402
 
 LOSS_TOLERANCE = 1e-4  # fp32 kernels vs eager over a few AdamW steps: observed <= 4e-6
-
-
-@pytest.fixture
-def fresh_compile_state(tmp_path, monkeypatch):
-    """Dynamo, the compile report and graph-break counters start empty; compiled graphs go to a fresh cache."""
-    from torch._dynamo.utils import counters
-
-    from neuron_inductor.observe import session
-
-    monkeypatch.setenv("NEURON_INDUCTOR_CACHE_DIR", str(tmp_path / "cache"))
-    torch._dynamo.reset()
-    session.clear()
-    counters.clear()
-    yield
-    torch._dynamo.reset()
 
 
 def test_accelerate_accepts_neuron_and_trainer_disables_dynamic_shapes(tmp_path):

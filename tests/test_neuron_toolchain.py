@@ -16,7 +16,6 @@ import torch
 
 from neuron_inductor import sim
 from neuron_inductor.compiler import Program, compile_and_build
-from neuron_inductor.toolchain import neuron as neuron_toolchain
 from neuron_inductor.toolchain.neuron import LNC_ENV, NeuronToolchain, ToolchainUnavailable
 
 from .kernels.harness import aten_graph

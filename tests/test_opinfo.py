@@ -53,12 +53,7 @@ def _params():
             yield pytest.param(name, dtype, marks=marks, id=f"{name}-{dtype}")
 
 
-@pytest.fixture(autouse=True, scope="module")
-def fresh_cache(tmp_path_factory):
-    """Compile into an empty cache folder: every check runs the current code, not an earlier entry."""
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("NEURON_INDUCTOR_CACHE_DIR", str(tmp_path_factory.mktemp("opinfo_cache")))
-        yield
+pytestmark = pytest.mark.usefixtures("fresh_module_cache")
 
 
 @pytest.mark.parametrize("name,dtype", list(_params()))

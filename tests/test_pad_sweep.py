@@ -41,12 +41,7 @@ def _params():
         yield pytest.param(name, marks=marks, id=name)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def fresh_cache(tmp_path_factory):
-    """Compile into an empty cache folder: every check runs the current code, not an earlier entry."""
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("NEURON_INDUCTOR_CACHE_DIR", str(tmp_path_factory.mktemp("pad_sweep_cache")))
-        yield
+pytestmark = pytest.mark.usefixtures("fresh_module_cache")
 
 
 @pytest.mark.parametrize("name", list(_params()))

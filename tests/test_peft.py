@@ -9,7 +9,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 
 os.environ["HF_HUB_OFFLINE"] = "1"
 pytest.importorskip("peft")
@@ -20,7 +19,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
 import peft_lora  # noqa: E402
 
 from neuron_inductor import config  # noqa: E402
-from neuron_inductor.observe import session  # noqa: E402
 
 # fp32 kernels against eager over a few AdamW steps (lr 1e-2): observed <= 2e-6 on the losses.
 LOSS_TOLERANCE = 1e-4
@@ -30,13 +28,7 @@ WEIGHT_TOLERANCE = 1e-4
 STEPS = 3
 
 
-@pytest.fixture(autouse=True)
-def fresh_compile_state(tmp_path, monkeypatch):
-    monkeypatch.setenv("NEURON_INDUCTOR_CACHE_DIR", str(tmp_path / "cache"))
-    torch._dynamo.reset()
-    session.clear()
-    yield
-    torch._dynamo.reset()
+pytestmark = pytest.mark.usefixtures("fresh_compile_state")
 
 
 def _adapter_training_matches_eager(adapter: str) -> None:

@@ -10,7 +10,7 @@ import pytest
 pytest.importorskip("trl")
 
 from neuron_inductor.integrations.hf import compile_summary, format_compile_summary  # noqa: E402
-from tests.test_hf_trainer import _assert_curves_agree, fresh_compile_state  # noqa: E402,F401  (fixture)
+from tests.test_hf_trainer import _assert_curves_agree  # noqa: E402
 
 import trl_sft  # noqa: E402  (examples/ is on sys.path through test_hf_trainer)
 

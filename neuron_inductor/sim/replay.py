@@ -22,7 +22,7 @@ import torch
 
 from . import dtypes, tracing
 from .targets import get_target
-from .tensor import NkiTensor, shared_hbm
+from .tensor import NkiTensor
 
 _RECORDER = None  # the Recording of the kernel running now, if one is being recorded
 _PLANS: dict = {}  # (func, signature) -> Plan, or None when the kernel cannot be replayed

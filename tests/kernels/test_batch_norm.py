@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.nn as nn
 
 import neuron_inductor  # noqa: F401  (registers the "neuron" backend)
 from neuron_inductor.lowering.ir import Unsupported
