@@ -48,3 +48,12 @@ def test_fresh_venv_install_and_entry_point(tmp_path):
     assert "fresh-venv OK" in result.stdout
     assert str(venv) in result.stdout  # the installed copy ran, not the source tree
     assert "NumPy" not in result.stderr, "the base install must bring everything torch imports"
+
+
+def test_every_package_of_the_source_tree_ships():
+    """pyproject lists the packages explicitly (the templates folder is mapped in): a new
+    subpackage missing from the list installs nothing and breaks every import of the wheel."""
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    listed = set(tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    found = {".".join(init.parent.relative_to(REPO).parts) for init in (REPO / "neuron_inductor").rglob("__init__.py")}
+    assert found <= listed, f"add to pyproject.toml [tool.setuptools] packages: {sorted(found - listed)}"
