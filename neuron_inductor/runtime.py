@@ -254,18 +254,9 @@ class GraphRunner:
             elif index < self.saved_from and isinstance(value, torch.Tensor):
                 finished[index] = bucketing.slice_tensor(value, spec, real, padded)
         if plan.mode == "padded":
-            for index, view in self._rewritten_input_views(plan).items():
+            for index, view in self.input_views.items():
                 finished[index] = view(*args)
         return finished
-
-    def _rewritten_input_views(self, plan: CallPlan) -> dict[int, fx.GraphModule]:
-        """The input views among the outputs that the pad-safety pass turned into computed tensors
-        (a slice from the real end became a gather): those are made from the real-size input. A view
-        the padded graph still returns as a view is left to AOTAutograd, which replays it."""
-        outputs = _flat_outputs(self.graph_for(plan))
-        return {index: view for index, view in self.input_views.items()
-                if not (isinstance(outputs[index], fx.Node) and outputs[index].op == "call_function"
-                        and (outputs[index].target in VIEW_OPS or outputs[index].target is operator.getitem))}
 
     # -- compiling ---------------------------------------------------------------------------
 
