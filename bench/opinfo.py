@@ -194,11 +194,12 @@ def _raised_at(exc: BaseException) -> str:
     return f"{filename}:{frame.lineno} ({frame.name})"
 
 
-class _ErrorLog(logging.Handler):
-    """ERROR records of the neuron_inductor logger (a kernel that broke a hardware rule and fell back)."""
+class LogMessages(logging.Handler):
+    """The messages of records at `level` and above (attached to the neuron_inductor logger: ERROR
+    for a kernel that broke a hardware rule and fell back, WARNING for pad-safety's "runs UNPADDED")."""
 
-    def __init__(self) -> None:
-        super().__init__(logging.ERROR)
+    def __init__(self, level: int) -> None:
+        super().__init__(level)
         self.messages: list[str] = []
 
     def emit(self, record: logging.LogRecord) -> None:
@@ -229,7 +230,7 @@ def check_backend(case: Case, backend: str | Callable, expected: Run, dtype: tor
 
     torch._dynamo.reset()
     first_program = len(runtime.COMPILED_PROGRAMS)
-    errors = _ErrorLog()
+    errors = LogMessages(logging.ERROR)
     logging.getLogger("neuron_inductor").addHandler(errors)
     start = time.perf_counter()
     try:

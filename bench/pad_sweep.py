@@ -182,17 +182,6 @@ def eager_references(sample: ResizedSample, lengths: list[int]) -> list[opinfo.R
 
 # -- one op under one compile mode -----------------------------------------------------------------
 
-class _Warnings(logging.Handler):
-    """WARNING records of the neuron_inductor logger (pad-safety's "runs UNPADDED" among them)."""
-
-    def __init__(self) -> None:
-        super().__init__(logging.WARNING)
-        self.messages: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.messages.append(record.getMessage())
-
-
 def run_mode(sample: ResizedSample, lengths: list[int], expected: list[opinfo.Run], mode: str,
              backend: str = "neuron", buckets: str = str(BUCKET)) -> dict:
     """Compile once, call at every length, compare each call with eager: {"status", ...}; for the
@@ -203,7 +192,7 @@ def run_mode(sample: ResizedSample, lengths: list[int], expected: list[opinfo.Ru
     generalize.reset()  # each mode starts as a new process would: no static-graph family from another mode
     options = {**OPTIONS, "buckets": buckets} if backend == "neuron" else None
     compiled = torch.compile(sample.case.fn, backend=backend, options=options, **MODES[mode])
-    warnings = _Warnings()
+    warnings = opinfo.LogMessages(logging.WARNING)
     logger = logging.getLogger("neuron_inductor")
     logger.addHandler(warnings)
     outcome: dict = {"status": "pass", "signatures": []}

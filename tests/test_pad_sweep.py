@@ -16,6 +16,7 @@ import torch
 
 from bench import opinfo, pad_sweep
 from neuron_inductor.testing import time_limit
+from tests.test_opinfo import _off_by_one_backend, _raising_backend  # the harness tests' backends
 
 OPS = opinfo.op_by_name()
 
@@ -89,17 +90,6 @@ def test_resize_plans_change_shared_sizes_together_most_inclusive_first():
     assert list(plans.values()) == [{0: (0,), 2: (0,), 3: (1,)}, {0: (0,), 2: (0,)}, {0: (0,)}]
     # Plans that coincide are listed once.
     assert list(pad_sweep.resize_plans([torch.zeros(5, 3), torch.zeros(3)], 0).values()) == [{0: (0,)}]
-
-
-def _off_by_one_backend(gm, example_inputs):
-    def run(*args):
-        return tuple(o + 1 if isinstance(o, torch.Tensor) and o.is_floating_point() else o for o in gm(*args))
-
-    return run
-
-
-def _raising_backend(gm, example_inputs):
-    raise RuntimeError("boom")
 
 
 def test_harness_reports_mismatch_and_crash_at_the_length_they_occur():
