@@ -47,17 +47,36 @@ def _smoothed_pick(logits, target, ignore_index, label_smoothing):
 def lm_head_loss(hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, ignore_index: int,
                  reduction: str, label_smoothing: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """cross_entropy(hidden @ weight.T, target) without the logits: (loss, lse, count), fp32."""
-    valid, lse, per_row = _smoothed_pick(_logits(hidden, weight), target, ignore_index, label_smoothing)
+    logits = _logits(hidden, weight)
+    valid, lse, per_row = _smoothed_pick(logits, target, ignore_index, label_smoothing)
     count = valid.sum().float()
     loss = per_row if reduction == "none" else per_row.sum() / count if reduction == "mean" else per_row.sum()
     return loss, lse, count
 
 
-@lm_head_loss.register_fake
-def _(hidden, weight, target, ignore_index, reduction, label_smoothing):
+@torch.library.custom_op("neuron_inductor::lm_head_logits_loss", mutates_args=())
+def lm_head_logits_loss(hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, ignore_index: int,
+                        reduction: str, label_smoothing: float
+                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """lm_head_loss when the graph also returns or reads the logits: (loss, lse, count, logits), the
+    logits in hidden's dtype, written once by the forward kernel as it computes them."""
+    return (*lm_head_loss(hidden, weight, target, ignore_index, reduction, label_smoothing), hidden @ weight.t())
+
+
+def _fake_loss(hidden, reduction):
     rows = hidden.shape[0]
     loss = hidden.new_empty((rows,) if reduction == "none" else (), dtype=torch.float32)
     return loss, hidden.new_empty((rows,), dtype=torch.float32), hidden.new_empty((), dtype=torch.float32)
+
+
+@lm_head_loss.register_fake
+def _(hidden, weight, target, ignore_index, reduction, label_smoothing):
+    return _fake_loss(hidden, reduction)
+
+
+@lm_head_logits_loss.register_fake
+def _(hidden, weight, target, ignore_index, reduction, label_smoothing):
+    return (*_fake_loss(hidden, reduction), hidden.new_empty((hidden.shape[0], weight.shape[0])))
 
 
 def _row_coefficients(grad_loss, target, count, ignore_index, reduction):
@@ -71,38 +90,44 @@ def _row_coefficients(grad_loss, target, count, ignore_index, reduction):
 @torch.library.custom_op("neuron_inductor::lm_head_loss_backward", mutates_args=())
 def lm_head_loss_backward(grad_loss: torch.Tensor, hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor,
                           lse: torch.Tensor, count: torch.Tensor, ignore_index: int, reduction: str,
-                          label_smoothing: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """(grad_hidden, grad_weight) of lm_head_loss's loss for the cotangent grad_loss."""
+                          label_smoothing: float, grad_logits: torch.Tensor | None = None
+                          ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(grad_hidden, grad_weight) of lm_head_loss's loss for the cotangent grad_loss (plus, for
+    lm_head_logits_loss, the logits' own cotangent grad_logits)."""
     logits = _logits(hidden, weight)
     vocab = logits.shape[1]
     onehot = torch.zeros_like(logits).scatter_(1, torch.where(target != ignore_index, target, 0)[:, None], 1.0)
     coef = _row_coefficients(grad_loss, target, count, ignore_index, reduction)
     dlogits = coef[:, None] * (torch.exp(logits - lse[:, None]) - (1.0 - label_smoothing) * onehot
                                - label_smoothing / vocab)
+    if grad_logits is not None:
+        dlogits = dlogits + grad_logits.float()
     dlogits = dlogits.to(hidden.dtype)
     return dlogits @ weight, dlogits.t() @ hidden
 
 
 @lm_head_loss_backward.register_fake
-def _(grad_loss, hidden, weight, target, lse, count, ignore_index, reduction, label_smoothing):
+def _(grad_loss, hidden, weight, target, lse, count, ignore_index, reduction, label_smoothing, grad_logits=None):
     return torch.empty_like(hidden), torch.empty_like(weight)
 
 
 def _setup_context(ctx, inputs, output):
     hidden, weight, target, ignore_index, reduction, label_smoothing = inputs
-    _, lse, count = output
+    lse, count = output[1], output[2]
     ctx.save_for_backward(hidden, weight, target, lse, count)
     ctx.options = (ignore_index, reduction, label_smoothing)
     ctx.mark_non_differentiable(lse, count)
 
 
-def _backward(ctx, grad_loss, grad_lse, grad_count):
+def _backward(ctx, grad_loss, grad_lse, grad_count, grad_logits=None):
     hidden, weight, target, lse, count = ctx.saved_tensors
-    grad_hidden, grad_weight = lm_head_loss_backward(grad_loss, hidden, weight, target, lse, count, *ctx.options)
+    grad_hidden, grad_weight = lm_head_loss_backward(grad_loss, hidden, weight, target, lse, count, *ctx.options,
+                                                     grad_logits=grad_logits)
     return grad_hidden, grad_weight, None, None, None, None
 
 
 lm_head_loss.register_autograd(_backward, setup_context=_setup_context)
+lm_head_logits_loss.register_autograd(_backward, setup_context=_setup_context)
 
 
 # --- lowering ------------------------------------------------------------------------------------
@@ -161,11 +186,13 @@ def _check(hidden: fx.Node, weight: fx.Node, target: fx.Node, reduction: str) ->
     return int(h.shape[0]), int(h.shape[1]), int(w.shape[0])
 
 
-@register_lowering(torch.ops.neuron_inductor.lm_head_loss.default)
+@register_lowering(torch.ops.neuron_inductor.lm_head_loss.default,
+                   torch.ops.neuron_inductor.lm_head_logits_loss.default)
 def lower_lm_head_loss(node: fx.Node) -> KernelSpec:
     hidden, weight, target, ignore_index, reduction, label_smoothing = node.args
     rows, dim, vocab = _check(hidden, weight, target, reduction)
-    params = {"mode": "forward", "reduction": reduction, "ignore_index": int(ignore_index),
+    params = {"mode": "forward", "emit_logits": node.target is torch.ops.neuron_inductor.lm_head_logits_loss.default,
+              "reduction": reduction, "ignore_index": int(ignore_index),
               "label_smoothing": float(label_smoothing), **plan(rows, dim, vocab, val(hidden).dtype.itemsize)}
     return KernelSpec("lm_head_loss", params, inputs=[hidden, weight, target], outputs=result_values(node),
                       flops=2 * rows * dim * vocab)
@@ -173,10 +200,13 @@ def lower_lm_head_loss(node: fx.Node) -> KernelSpec:
 
 @register_lowering(torch.ops.neuron_inductor.lm_head_loss_backward.default)
 def lower_lm_head_loss_backward(node: fx.Node) -> KernelSpec:
-    grad_loss, hidden, weight, target, lse, count, ignore_index, reduction, label_smoothing = node.args
+    grad_loss, hidden, weight, target, lse, count, ignore_index, reduction, label_smoothing, *rest = node.args
+    grad_logits = rest[0] if rest else node.kwargs.get("grad_logits")
     rows, dim, vocab = _check(hidden, weight, target, reduction)
-    params = {"mode": "backward", "reduction": reduction, "ignore_index": int(ignore_index),
-              "label_smoothing": float(label_smoothing), **plan(rows, dim, vocab, val(hidden).dtype.itemsize)}
+    params = {"mode": "backward", "has_grad_logits": grad_logits is not None, "reduction": reduction,
+              "ignore_index": int(ignore_index), "label_smoothing": float(label_smoothing),
+              **plan(rows, dim, vocab, val(hidden).dtype.itemsize)}
+    extra = [grad_logits] if grad_logits is not None else []
     # The logits are recomputed in each of the two passes; each pass does one gradient matmul.
-    return KernelSpec("lm_head_loss", params, inputs=[grad_loss, hidden, weight, target, lse, count],
+    return KernelSpec("lm_head_loss", params, inputs=[grad_loss, hidden, weight, target, lse, count, *extra],
                       outputs=result_values(node), flops=8 * rows * dim * vocab)
