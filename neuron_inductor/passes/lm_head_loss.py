@@ -3,7 +3,8 @@
 Matched (and nothing else; every other variant keeps today's path):
 
     logits = linear(h, W)  |  h @ W.t()  |  matmul(h, W.t())       h [..., d], W [V, d], no bias
-    x = logits [.float() | .to(torch.float32)] [.view(-1, V) | .reshape(-1, V)]   (any order)
+    x = logits [.float() | .to(torch.float32)] [.view(-1, V) | .reshape(-1, V)] [.contiguous()]
+               [[a:b, c:d] slices of leading dims]                               (any order)
     loss = F.cross_entropy(x, y, ignore_index=int, reduction=..., label_smoothing=float)
 
 with x fp32 of shape [N, V] (so bf16 logits must be upcast, as Hugging Face's loss does), h and W
@@ -81,14 +82,30 @@ def _lm_head(node: fx.Node) -> tuple[fx.Node, fx.Node] | None:
     return None
 
 
+def _leading_slices(node: fx.Node) -> bool:
+    """`x[a:b, c:d]`: slices of dims before the last (the vocabulary), which commute with the LM head."""
+    if node.op != "call_function" or node.target is not operator.getitem or len(node.args) != 2:
+        return False
+    index = node.args[1] if isinstance(node.args[1], tuple) else (node.args[1],)
+    before = _value(node.args[0])
+    return (before is not None and 0 < len(index) < before.dim()
+            and all(isinstance(i, slice) and all(isinstance(v, (int, type(None))) for v in (i.start, i.stop, i.step))
+                    for i in index))
+
+
 def _step_back(node: fx.Node) -> fx.Node | None:
-    """The input of an upcast to fp32 or a reshape to [-1, V] that keeps the element order, else None."""
-    if node.op != "call_method" or node.target not in _UPCASTS | _RESHAPES or not node.args:
+    """The input of a value-preserving step between the LM head and the loss, else None: an upcast to
+    fp32, a reshape to [-1, V] that keeps the element order, contiguous(), or leading-dim slices."""
+    if _leading_slices(node):
+        return node.args[0]
+    if node.op != "call_method" or node.target not in _UPCASTS | _RESHAPES | {"contiguous"} or not node.args:
         return None
     source, out = node.args[0], _value(node)
     before = _value(source)
     if out is None or before is None:
         return None
+    if node.target == "contiguous":
+        return source if len(node.args) == 1 and not node.kwargs else None
     if node.target in _UPCASTS:  # float() / to(torch.float32): same shape, fp32
         extra = list(node.args[1:]) + list(node.kwargs.values())
         if node.target == "float" and extra or node.target == "to" and extra != [torch.float32]:
@@ -151,6 +168,8 @@ def _match(node: fx.Node) -> _Match | str | None:
         return f"target {y.dtype} of rank {y.dim()} (fused: int64 class indices [N])"
     if any(len(n.users) != 1 for n in between):
         return "the upcast / reshaped logits are also used elsewhere"
+    if any(_leading_slices(n) for n in between) and len(current.users) > 1:
+        return "the logits are also used, and the loss reads a slice of them"
     return _Match(node, current, between, hidden, weight, target, options)
 
 
@@ -160,7 +179,11 @@ def _rewrite(graph: fx.Graph, m: _Match) -> str:
     others = [user for user in m.logits.users if user not in chain]
     op = fused.lm_head_logits_loss if others else fused.lm_head_loss
     with graph.inserting_before(m.loss):
-        rows = graph.call_method("reshape", (m.hidden, -1, h.shape[-1])) if h.dim() != 2 else m.hidden
+        rows = m.hidden
+        for step in m.between:  # the logits' leading-dim slices, taken of h instead
+            if _leading_slices(step):
+                rows = graph.call_function(operator.getitem, (rows, step.args[1]))
+        rows = graph.call_method("reshape", (rows, -1, h.shape[-1])) if rows is not m.hidden or h.dim() != 2 else rows
         call = graph.call_function(op._opoverload, (rows, m.weight, m.target, *m.options))
         loss = graph.call_function(operator.getitem, (call, 0))
     m.loss.replace_all_uses_with(loss)
