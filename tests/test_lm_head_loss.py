@@ -75,6 +75,8 @@ NEAR_MISSES = {
     "a scale between": (torch.float32, lambda h, w, y: F.cross_entropy((h @ w.t()) * 0.5, y)),
     "sliced logits also returned": (torch.float32, lambda h, w, y: (lambda x: (F.cross_entropy(x[:-1], y[:-1]), x))(
         h @ w.t())),
+    "logits used before the loss": (torch.float32, lambda h, w, y: (lambda x: (x.argmax(1), F.cross_entropy(x, y)))(
+        h @ w.t())),
     "probabilities as targets": (torch.float32, lambda h, w, y: F.cross_entropy(h @ w.t(), torch.softmax(h @ w.t(), 1))),
 }
 

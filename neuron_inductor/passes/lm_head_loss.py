@@ -168,8 +168,12 @@ def _match(node: fx.Node) -> _Match | str | None:
         return f"target {y.dtype} of rank {y.dim()} (fused: int64 class indices [N])"
     if any(len(n.users) != 1 for n in between):
         return "the upcast / reshaped logits are also used elsewhere"
-    if any(_leading_slices(n) for n in between) and len(current.users) > 1:
+    others = [user for user in current.users if user not in between and user is not node]
+    if others and any(_leading_slices(n) for n in between):
         return "the logits are also used, and the loss reads a slice of them"
+    order = {n: i for i, n in enumerate(node.graph.nodes)}
+    if any(order[user] < order[node] for user in others):
+        return "the logits are also used before the loss"
     return _Match(node, current, between, hidden, weight, target, options)
 
 
@@ -183,7 +187,7 @@ def _rewrite(graph: fx.Graph, m: _Match) -> str:
         for step in m.between:  # the logits' leading-dim slices, taken of h instead
             if _leading_slices(step):
                 rows = graph.call_function(operator.getitem, (rows, step.args[1]))
-        rows = graph.call_method("reshape", (rows, -1, h.shape[-1])) if rows is not m.hidden or h.dim() != 2 else rows
+        rows = graph.call_method("reshape", (rows, -1, int(_value(m.weight).shape[1]))) if rows is not m.hidden or h.dim() != 2 else rows
         call = graph.call_function(op._opoverload, (rows, m.weight, m.target, *m.options))
         loss = graph.call_function(operator.getitem, (call, 0))
     m.loss.replace_all_uses_with(loss)
