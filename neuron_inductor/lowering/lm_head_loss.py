@@ -6,11 +6,17 @@ kernel family (codegen_templates/lm_head_loss.py.j2).
 forward graph holds `lm_head_loss` and the backward graph `lm_head_loss_backward`. Neither
 materialises the [N, V] logits: the kernels compute them one vocabulary chunk at a time on chip.
 
-- forward: loss, lse (per-row log-sum-exp, fp32) and count (rows not ignored, fp32). The logits
-  are rounded to h's dtype, as eager's `linear` output is, before the fp32 loss math.
-- backward: dlogits = coef * (softmax - (1 - eps) * onehot - eps / V), coef = valid * grad
-  (/ count for mean), recomputed per chunk from h, W and lse; grad_h = dlogits @ W,
-  grad_W = dlogits^T @ h, with dlogits rounded to h's dtype as eager's cast before its matmuls.
+- forward: loss, lse (per-row log-sum-exp, fp32), count (rows not ignored, fp32) and
+  unscaled_grad_h = softmax @ W - (1 - eps) * W[target] - eps / V * sum(W) (fp32 [N, d]): the
+  softmax is applied to W as flash attention applies it to V (an online rescaled sum per vocabulary
+  chunk), so grad_h needs no second pass over the logits. The logits are rounded to h's dtype, as
+  eager's `linear` output is, before the fp32 loss math.
+- backward: grad_h = coef * unscaled_grad_h per row, coef = valid * grad (/ count for mean);
+  grad_W = dlogits^T @ h with dlogits = coef * (softmax - (1 - eps) * onehot - eps / V) recomputed
+  per chunk from h, W and lse, rounded to h's dtype as eager's cast before its matmuls.
+- `lm_head_logits_loss` (the graph also uses the logits) returns the logits instead of
+  unscaled_grad_h; its backward adds their cotangent to dlogits and computes grad_h = dlogits @ W in
+  a second recomputing pass.
 
 The eager implementations below are the reference semantics and the visible host fallback.
 """
@@ -20,7 +26,7 @@ from __future__ import annotations
 import torch
 import torch.fx as fx
 
-from .common import result_values, val
+from .common import arg, result_values, val
 from .ir import KernelSpec, Unsupported
 from .registry import register_lowering
 
@@ -45,13 +51,23 @@ def _smoothed_pick(logits, target, ignore_index, label_smoothing):
 
 @torch.library.custom_op("neuron_inductor::lm_head_loss", mutates_args=())
 def lm_head_loss(hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, ignore_index: int,
-                 reduction: str, label_smoothing: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """cross_entropy(hidden @ weight.T, target) without the logits: (loss, lse, count), fp32."""
+                 reduction: str, label_smoothing: float
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """cross_entropy(hidden @ weight.T, target) without the logits: (loss, lse, count,
+    unscaled_grad_h), fp32."""
+    loss, lse, count, logits = _loss(hidden, weight, target, ignore_index, reduction, label_smoothing)
+    w = weight.float()
+    picked = w[torch.where(target != ignore_index, target, 0)] * (target != ignore_index)[:, None]
+    unscaled = torch.softmax(logits, dim=1) @ w - (1.0 - label_smoothing) * picked
+    return loss, lse, count, unscaled - label_smoothing / w.shape[0] * w.sum(dim=0)
+
+
+def _loss(hidden, weight, target, ignore_index, reduction, label_smoothing):
     logits = _logits(hidden, weight)
     valid, lse, per_row = _smoothed_pick(logits, target, ignore_index, label_smoothing)
     count = valid.sum().float()
     loss = per_row if reduction == "none" else per_row.sum() / count if reduction == "mean" else per_row.sum()
-    return loss, lse, count
+    return loss, lse, count, logits
 
 
 @torch.library.custom_op("neuron_inductor::lm_head_logits_loss", mutates_args=())
@@ -60,7 +76,7 @@ def lm_head_logits_loss(hidden: torch.Tensor, weight: torch.Tensor, target: torc
                         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """lm_head_loss when the graph also returns or reads the logits: (loss, lse, count, logits), the
     logits in hidden's dtype, written once by the forward kernel as it computes them."""
-    return (*lm_head_loss(hidden, weight, target, ignore_index, reduction, label_smoothing), hidden @ weight.t())
+    return (*_loss(hidden, weight, target, ignore_index, reduction, label_smoothing)[:3], hidden @ weight.t())
 
 
 def _fake_loss(hidden, reduction):
@@ -71,7 +87,7 @@ def _fake_loss(hidden, reduction):
 
 @lm_head_loss.register_fake
 def _(hidden, weight, target, ignore_index, reduction, label_smoothing):
-    return _fake_loss(hidden, reduction)
+    return (*_fake_loss(hidden, reduction), hidden.new_empty(hidden.shape, dtype=torch.float32))
 
 
 @lm_head_logits_loss.register_fake
@@ -90,10 +106,13 @@ def _row_coefficients(grad_loss, target, count, ignore_index, reduction):
 @torch.library.custom_op("neuron_inductor::lm_head_loss_backward", mutates_args=())
 def lm_head_loss_backward(grad_loss: torch.Tensor, hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor,
                           lse: torch.Tensor, count: torch.Tensor, ignore_index: int, reduction: str,
-                          label_smoothing: float, grad_logits: torch.Tensor | None = None
-                          ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(grad_hidden, grad_weight) of lm_head_loss's loss for the cotangent grad_loss (plus, for
-    lm_head_logits_loss, the logits' own cotangent grad_logits)."""
+                          label_smoothing: float, grad_logits: torch.Tensor | None = None,
+                          unscaled_grad_h: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(grad_hidden, grad_weight) of the loss for the cotangent grad_loss: of lm_head_loss given its
+    unscaled_grad_h, or of lm_head_logits_loss given the logits' own cotangent grad_logits."""
+    if (grad_logits is None) == (unscaled_grad_h is None):
+        raise ValueError("lm_head_loss_backward takes one of grad_logits (lm_head_logits_loss) and "
+                         "unscaled_grad_h (lm_head_loss)")
     logits = _logits(hidden, weight)
     vocab = logits.shape[1]
     onehot = torch.zeros_like(logits).scatter_(1, torch.where(target != ignore_index, target, 0)[:, None], 1.0)
@@ -101,33 +120,44 @@ def lm_head_loss_backward(grad_loss: torch.Tensor, hidden: torch.Tensor, weight:
     dlogits = coef[:, None] * (torch.exp(logits - lse[:, None]) - (1.0 - label_smoothing) * onehot
                                - label_smoothing / vocab)
     if grad_logits is not None:
-        dlogits = dlogits + grad_logits.float()
+        dlogits = (dlogits + grad_logits.float()).to(hidden.dtype)
+        return dlogits @ weight, dlogits.t() @ hidden
     dlogits = dlogits.to(hidden.dtype)
-    return dlogits @ weight, dlogits.t() @ hidden
+    return (coef[:, None] * unscaled_grad_h).to(hidden.dtype), dlogits.t() @ hidden
 
 
 @lm_head_loss_backward.register_fake
-def _(grad_loss, hidden, weight, target, lse, count, ignore_index, reduction, label_smoothing, grad_logits=None):
+def _(grad_loss, hidden, weight, target, lse, count, ignore_index, reduction, label_smoothing, grad_logits=None,
+      unscaled_grad_h=None):
     return torch.empty_like(hidden), torch.empty_like(weight)
 
 
-def _setup_context(ctx, inputs, output):
+def _save(ctx, inputs, output, with_unscaled_grad_h: bool):
+    """Saves h, W, target, lse, count (and unscaled_grad_h); only the loss (and the logits) have gradients."""
     hidden, weight, target, ignore_index, reduction, label_smoothing = inputs
-    lse, count = output[1], output[2]
-    ctx.save_for_backward(hidden, weight, target, lse, count)
+    _, lse, count, last = output
+    ctx.save_for_backward(hidden, weight, target, lse, count, *([last] if with_unscaled_grad_h else []))
     ctx.options = (ignore_index, reduction, label_smoothing)
-    ctx.mark_non_differentiable(lse, count)
+    ctx.mark_non_differentiable(lse, count, *([last] if with_unscaled_grad_h else []))
 
 
-def _backward(ctx, grad_loss, grad_lse, grad_count, grad_logits=None):
+def _loss_backward(ctx, grad_loss, grad_lse, grad_count, grad_unscaled):
+    hidden, weight, target, lse, count, unscaled = ctx.saved_tensors
+    grad_hidden, grad_weight = lm_head_loss_backward(grad_loss, hidden, weight, target, lse, count, *ctx.options,
+                                                     unscaled_grad_h=unscaled)
+    return grad_hidden, grad_weight, None, None, None, None
+
+
+def _logits_loss_backward(ctx, grad_loss, grad_lse, grad_count, grad_logits):
     hidden, weight, target, lse, count = ctx.saved_tensors
     grad_hidden, grad_weight = lm_head_loss_backward(grad_loss, hidden, weight, target, lse, count, *ctx.options,
                                                      grad_logits=grad_logits)
     return grad_hidden, grad_weight, None, None, None, None
 
 
-lm_head_loss.register_autograd(_backward, setup_context=_setup_context)
-lm_head_logits_loss.register_autograd(_backward, setup_context=_setup_context)
+lm_head_loss.register_autograd(_loss_backward, setup_context=lambda ctx, inputs, output: _save(ctx, inputs, output, True))
+lm_head_logits_loss.register_autograd(_logits_loss_backward,
+                                      setup_context=lambda ctx, inputs, output: _save(ctx, inputs, output, False))
 
 
 # --- lowering ------------------------------------------------------------------------------------
@@ -156,17 +186,22 @@ def _row_block(rows: int, bytes_per_row: float, fixed: int) -> int:
     return min(fit, _cdiv(rows, PARTITIONS) * PARTITIONS)
 
 
-def plan(rows: int, hidden: int, vocab: int, itemsize: int) -> dict:
+def plan(rows: int, hidden: int, vocab: int, itemsize: int, grad_h_in_forward: bool = False) -> dict:
     """Row blocks of each pass: the forward and the grad_h pass keep h^T of a block resident
-    (and grad_h's fp32 accumulator), the grad_W pass h^T and h; each loads W's chunks once per block."""
+    (and an fp32 accumulator of softmax @ W or grad_h), the grad_W pass h^T and h; each loads W's
+    chunks once per block."""
     k_tiles = _cdiv(hidden, PARTITIONS)
-    w_chunk = k_tiles * VOCAB_CHUNK * itemsize  # W^T of one vocabulary chunk
+    w_chunk = k_tiles * VOCAB_CHUNK * itemsize  # W^T (or W's rows) of one vocabulary chunk
+    # grad_h: h^T and the fp32 accumulator per row; W^T and W's rows per chunk (and, in the
+    # forward, rows of [128, d]: the result, W[target] and sum(W))
+    grad_h_block = _row_block(rows, k_tiles * (itemsize + 4) + 24 / PARTITIONS * 4,
+                              2 * w_chunk + CHUNK_TILE_BYTES + 3 * hidden * 4)
     return {
         "rows": rows, "hidden": hidden, "vocab": vocab, "k_tiles": k_tiles, "vocab_chunk": VOCAB_CHUNK,
-        "vocab_chunks": _cdiv(vocab, VOCAB_CHUNK),
-        "forward_block": _row_block(rows, k_tiles * itemsize + 24 / PARTITIONS * 4, w_chunk + CHUNK_TILE_BYTES),
-        # grad_h: h^T and the fp32 accumulator per row; W^T and W's rows per chunk
-        "grad_h_block": _row_block(rows, k_tiles * (itemsize + 4), 2 * w_chunk + CHUNK_TILE_BYTES),
+        "vocab_chunks": _cdiv(vocab, VOCAB_CHUNK), "grad_h_in_forward": grad_h_in_forward,
+        "forward_block": grad_h_block if grad_h_in_forward else _row_block(
+            rows, k_tiles * itemsize + 24 / PARTITIONS * 4, w_chunk + CHUNK_TILE_BYTES),
+        "grad_h_block": grad_h_block,
         # grad_W: h^T, h and the chunk's gradient tiles per row; W^T per chunk
         "grad_w_block": _row_block(rows, 2 * k_tiles * itemsize + VOCAB_CHUNK * itemsize / PARTITIONS,
                                    w_chunk + CHUNK_TILE_BYTES),
@@ -191,22 +226,28 @@ def _check(hidden: fx.Node, weight: fx.Node, target: fx.Node, reduction: str) ->
 def lower_lm_head_loss(node: fx.Node) -> KernelSpec:
     hidden, weight, target, ignore_index, reduction, label_smoothing = node.args
     rows, dim, vocab = _check(hidden, weight, target, reduction)
-    params = {"mode": "forward", "emit_logits": node.target is torch.ops.neuron_inductor.lm_head_logits_loss.default,
-              "reduction": reduction, "ignore_index": int(ignore_index),
-              "label_smoothing": float(label_smoothing), **plan(rows, dim, vocab, val(hidden).dtype.itemsize)}
+    emit_logits = node.target is torch.ops.neuron_inductor.lm_head_logits_loss.default
+    params = {"mode": "forward", "emit_logits": emit_logits, "reduction": reduction, "ignore_index": int(ignore_index),
+              "label_smoothing": float(label_smoothing),
+              **plan(rows, dim, vocab, val(hidden).dtype.itemsize, grad_h_in_forward=not emit_logits)}
+    # logits, and (lm_head_loss) softmax @ W
     return KernelSpec("lm_head_loss", params, inputs=[hidden, weight, target], outputs=result_values(node),
-                      flops=2 * rows * dim * vocab)
+                      flops=(2 if emit_logits else 4) * rows * dim * vocab)
 
 
 @register_lowering(torch.ops.neuron_inductor.lm_head_loss_backward.default)
 def lower_lm_head_loss_backward(node: fx.Node) -> KernelSpec:
-    grad_loss, hidden, weight, target, lse, count, ignore_index, reduction, label_smoothing, *rest = node.args
-    grad_logits = rest[0] if rest else node.kwargs.get("grad_logits")
+    grad_loss, hidden, weight, target, lse, count, ignore_index, reduction, label_smoothing = node.args[:9]
+    grad_logits = arg(node, 9, "grad_logits")
+    unscaled_grad_h = arg(node, 10, "unscaled_grad_h")
+    if (grad_logits is None) == (unscaled_grad_h is None):
+        raise Unsupported("takes one of grad_logits and unscaled_grad_h")
     rows, dim, vocab = _check(hidden, weight, target, reduction)
     params = {"mode": "backward", "has_grad_logits": grad_logits is not None, "reduction": reduction,
               "ignore_index": int(ignore_index), "label_smoothing": float(label_smoothing),
               **plan(rows, dim, vocab, val(hidden).dtype.itemsize)}
-    extra = [grad_logits] if grad_logits is not None else []
-    # The logits are recomputed in each of the two passes; each pass does one gradient matmul.
-    return KernelSpec("lm_head_loss", params, inputs=[grad_loss, hidden, weight, target, lse, count, *extra],
-                      outputs=result_values(node), flops=8 * rows * dim * vocab)
+    # The grad_W pass recomputes the logits; with grad_logits, so does the grad_h pass.
+    return KernelSpec("lm_head_loss", params,
+                      inputs=[grad_loss, hidden, weight, target, lse, count,
+                              grad_logits if grad_logits is not None else unscaled_grad_h],
+                      outputs=result_values(node), flops=(8 if grad_logits is not None else 4) * rows * dim * vocab)

@@ -234,7 +234,8 @@ def fuse_lm_head_loss(gm: fx.GraphModule) -> int:
 
 
 # op -> positions of (hidden, weight, target, ignore_index) in its arguments; the backward's
-# optional grad_logits (position 9) has padded rows too.
+# grad_logits (position 9) has padded rows too (its unscaled_grad_h is finite there: the forward's
+# padded rows of h are zeroed, and their coefficient is 0).
 _PADDED_ROWS = {
     fused.lm_head_loss._opoverload: (0, 1, 2, 3),
     fused.lm_head_logits_loss._opoverload: (0, 1, 2, 3),
