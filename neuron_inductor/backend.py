@@ -1,7 +1,8 @@
 """The Dynamo entry point: `torch.compile(model, backend="neuron")`.
 
 `neuron_backend` is a module-level singleton (Dynamo guards on backend identity, so a fresh
-object per call would recompile every frame). It validates `options=`, then hands the graph to
+object per call would recompile every frame). It validates `options=`, fuses LM heads with their
+cross-entropy (passes/lm_head_loss.py, unless `fuse_lm_head_loss` is off), then hands the graph to
 AOTAutograd with the Neuron decomposition table, the min-cut partitioner and one `GraphRunner`
 per forward / backward / inference graph.
 """
