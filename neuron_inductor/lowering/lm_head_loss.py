@@ -27,6 +27,7 @@ import torch
 import torch.fx as fx
 
 from .common import arg, result_values, val
+from .context import KIB, LoweringContext
 from .ir import KernelSpec, Unsupported
 from .registry import register_lowering
 
@@ -162,49 +163,51 @@ lm_head_logits_loss.register_autograd(_logits_loss_backward,
 
 # --- lowering ------------------------------------------------------------------------------------
 
-PARTITIONS = 128
-# Vocabulary columns per chunk: one fp32 PSUM bank of logits per 128-row tile.
-VOCAB_CHUNK = 512
-# SBUF bytes per partition the resident panels and per-chunk tiles may take (trn2 has 176 KiB
-# usable; the rest is headroom for tiles allocated while their predecessors are live).
-SBUF_BUDGET = 150 * 1024
-# Per-partition bytes of the per-chunk working tiles (class iota, logits, probabilities, masks,
-# the transposed-gradient staging): a few fp32 rows of VOCAB_CHUNK columns.
-CHUNK_TILE_BYTES = 8 * VOCAB_CHUNK * 4
+# SBUF bytes per partition the plan leaves out of its panels: the per-tile working tiles and tiles
+# allocated while their predecessors are still live (150 KiB of panels on trn2's 208 KiB).
+SBUF_RESERVE = 58 * KIB
+# Working tiles of one vocabulary chunk, per partition: a few fp32 rows of the chunk's columns
+# (class iota, logits, probabilities, masks, the transposed staging).
+CHUNK_TILES = 8 * 4
 
 
 def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def _row_block(rows: int, bytes_per_row: float, fixed: int) -> int:
-    """The most rows (a multiple of 128, at most `rows` rounded up) whose resident panels fit SBUF
-    next to `fixed` bytes per partition; raises Unsupported when not even 128 rows fit."""
-    fit = int((SBUF_BUDGET - fixed) // bytes_per_row) // PARTITIONS * PARTITIONS
-    if fit < PARTITIONS:
-        raise Unsupported("the hidden size is too large for the fused LM head + loss kernel's SBUF panels")
-    return min(fit, _cdiv(rows, PARTITIONS) * PARTITIONS)
+def _row_block(ctx: LoweringContext, rows: int, bytes_per_row: float, fixed: int) -> int:
+    """The most rows (a multiple of the partitions, at most `rows` rounded up) whose resident panels
+    fit the SBUF budget next to `fixed` bytes per partition; Unsupported when not one row tile fits."""
+    partitions = ctx.tile.partitions
+    fit = int((ctx.sbuf_budget(SBUF_RESERVE) - fixed) // bytes_per_row) // partitions * partitions
+    if fit < partitions:
+        raise Unsupported(f"the hidden size is too large for the fused LM head + loss kernel's SBUF panels on "
+                          f"{ctx.target.name}")
+    return min(fit, _cdiv(rows, partitions) * partitions)
 
 
-def plan(rows: int, hidden: int, vocab: int, itemsize: int, grad_h_in_forward: bool = False) -> dict:
+def plan(ctx: LoweringContext, rows: int, hidden: int, vocab: int, itemsize: int,
+         grad_h_in_forward: bool = False) -> dict:
     """Row blocks of each pass: the forward and the grad_h pass keep h^T of a block resident
     (and an fp32 accumulator of softmax @ W or grad_h), the grad_W pass h^T and h; each loads W's
-    chunks once per block."""
-    k_tiles = _cdiv(hidden, PARTITIONS)
-    w_chunk = k_tiles * VOCAB_CHUNK * itemsize  # W^T (or W's rows) of one vocabulary chunk
+    chunks once per block. A vocabulary chunk is one fp32 PSUM bank of logits per row tile."""
+    partitions, chunk = ctx.tile.partitions, ctx.tile.psum_fmax
+    k_tiles = _cdiv(hidden, partitions)
+    w_chunk = k_tiles * chunk * itemsize  # W^T (or W's rows) of one vocabulary chunk
+    chunk_tiles = CHUNK_TILES * chunk
+    stats = 6 * 4 / partitions  # per-row-tile fp32 statistics, per row
     # grad_h: h^T and the fp32 accumulator per row; W^T and W's rows per chunk (and, in the
-    # forward, rows of [128, d]: the result, W[target] and sum(W))
-    grad_h_block = _row_block(rows, k_tiles * (itemsize + 4) + 24 / PARTITIONS * 4,
-                              2 * w_chunk + CHUNK_TILE_BYTES + 3 * hidden * 4)
+    # forward, rows of [P, d]: the result, W[target] and sum(W))
+    grad_h_block = _row_block(ctx, rows, k_tiles * (itemsize + 4) + stats, 2 * w_chunk + chunk_tiles + 3 * hidden * 4)
     return {
-        "rows": rows, "hidden": hidden, "vocab": vocab, "k_tiles": k_tiles, "vocab_chunk": VOCAB_CHUNK,
-        "vocab_chunks": _cdiv(vocab, VOCAB_CHUNK), "grad_h_in_forward": grad_h_in_forward,
+        "rows": rows, "hidden": hidden, "vocab": vocab, "k_tiles": k_tiles, "vocab_chunk": chunk,
+        "vocab_chunks": _cdiv(vocab, chunk), "grad_h_in_forward": grad_h_in_forward,
         "forward_block": grad_h_block if grad_h_in_forward else _row_block(
-            rows, k_tiles * itemsize + 24 / PARTITIONS * 4, w_chunk + CHUNK_TILE_BYTES),
+            ctx, rows, k_tiles * itemsize + stats, w_chunk + chunk_tiles),
         "grad_h_block": grad_h_block,
         # grad_W: h^T, h and the chunk's gradient tiles per row; W^T per chunk
-        "grad_w_block": _row_block(rows, 2 * k_tiles * itemsize + VOCAB_CHUNK * itemsize / PARTITIONS,
-                                   w_chunk + CHUNK_TILE_BYTES),
+        "grad_w_block": _row_block(ctx, rows, 2 * k_tiles * itemsize + chunk * itemsize / partitions + stats,
+                                   w_chunk + chunk_tiles),
     }
 
 
@@ -223,20 +226,23 @@ def _check(hidden: fx.Node, weight: fx.Node, target: fx.Node, reduction: str) ->
 
 @register_lowering(torch.ops.neuron_inductor.lm_head_loss.default,
                    torch.ops.neuron_inductor.lm_head_logits_loss.default)
-def lower_lm_head_loss(node: fx.Node) -> KernelSpec:
+def lower_lm_head_loss(ctx: LoweringContext, node: fx.Node) -> KernelSpec:
     hidden, weight, target, ignore_index, reduction, label_smoothing = node.args
     rows, dim, vocab = _check(hidden, weight, target, reduction)
     emit_logits = node.target is torch.ops.neuron_inductor.lm_head_logits_loss.default
+    w = val(weight)
+    if not emit_logits and (not w.is_contiguous() or w.storage_offset()):
+        raise Unsupported("W is a strided view (its rows are gathered by address from its allocation)")
     params = {"mode": "forward", "emit_logits": emit_logits, "reduction": reduction, "ignore_index": int(ignore_index),
               "label_smoothing": float(label_smoothing),
-              **plan(rows, dim, vocab, val(hidden).dtype.itemsize, grad_h_in_forward=not emit_logits)}
+              **plan(ctx, rows, dim, vocab, val(hidden).dtype.itemsize, grad_h_in_forward=not emit_logits)}
     # logits, and (lm_head_loss) softmax @ W
     return KernelSpec("lm_head_loss", params, inputs=[hidden, weight, target], outputs=result_values(node),
                       flops=(2 if emit_logits else 4) * rows * dim * vocab)
 
 
 @register_lowering(torch.ops.neuron_inductor.lm_head_loss_backward.default)
-def lower_lm_head_loss_backward(node: fx.Node) -> KernelSpec:
+def lower_lm_head_loss_backward(ctx: LoweringContext, node: fx.Node) -> KernelSpec:
     grad_loss, hidden, weight, target, lse, count, ignore_index, reduction, label_smoothing = node.args[:9]
     grad_logits = arg(node, 9, "grad_logits")
     unscaled_grad_h = arg(node, 10, "unscaled_grad_h")
@@ -245,7 +251,7 @@ def lower_lm_head_loss_backward(node: fx.Node) -> KernelSpec:
     rows, dim, vocab = _check(hidden, weight, target, reduction)
     params = {"mode": "backward", "has_grad_logits": grad_logits is not None, "reduction": reduction,
               "ignore_index": int(ignore_index), "label_smoothing": float(label_smoothing),
-              **plan(rows, dim, vocab, val(hidden).dtype.itemsize)}
+              **plan(ctx, rows, dim, vocab, val(hidden).dtype.itemsize)}
     # The grad_W pass recomputes the logits; with grad_logits, so does the grad_h pass.
     return KernelSpec("lm_head_loss", params,
                       inputs=[grad_loss, hidden, weight, target, lse, count,

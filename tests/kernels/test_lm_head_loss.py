@@ -12,13 +12,16 @@ only in fp32 summation order).
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 import torch.nn.functional as F
 
 from neuron_inductor.lowering import lm_head_loss as fused
+from neuron_inductor.lowering.context import KIB
 
-from .harness import DTYPES, assert_close, call_kernel, kernel_for, op_graph
+from .harness import CTX, DTYPES, assert_close, call_kernel, kernel_for, op_graph
 
 FORWARD = torch.ops.neuron_inductor.lm_head_loss.default
 FORWARD_WITH_LOGITS = torch.ops.neuron_inductor.lm_head_logits_loss.default
@@ -123,10 +126,11 @@ def test_grad_w_over_several_row_blocks(dtype, monkeypatch):
     assert check(300, 136, 1000, dtype, "mean").params["grad_w_block"] == 128
 
 
-def test_hidden_size_beyond_the_panels_is_refused(monkeypatch):
-    """Too little SBUF for even 128 rows: the lowering says so (the node then falls back)."""
-    monkeypatch.setattr(fused, "SBUF_BUDGET", fused.CHUNK_TILE_BYTES)
+def test_hidden_size_beyond_the_panels_is_refused():
+    """Too little SBUF for one row tile's panels: the lowering says so, naming the target (the node
+    then falls back)."""
+    small = dataclasses.replace(CTX, tile=dataclasses.replace(CTX.tile, sbuf_bytes=fused.SBUF_RESERVE + 16 * KIB))
     hidden, weight, target = inputs(8, 64, 1000, torch.float32)
     gm, _ = op_graph(FORWARD, hidden, weight, target, IGNORE, "mean", 0.0)
-    with pytest.raises(fused.Unsupported, match="SBUF"):
-        kernel_for(gm, FORWARD)
+    with pytest.raises(fused.Unsupported, match="SBUF panels on trn2"):
+        kernel_for(gm, FORWARD, ctx=small)
