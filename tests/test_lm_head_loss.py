@@ -134,6 +134,22 @@ def test_compiled_step_matches_eager(name, dtype, fresh_compile_state):
         torch.testing.assert_close(grad, want, rtol=tol, atol=tol * want.abs().max().item())
 
 
+def test_inference_graph_skips_the_backward_product(fresh_compile_state):
+    """Under no_grad nothing reads softmax @ W: the forward kernel computes only the logits' loss."""
+    h, w, y = data(torch.float32)
+    before = len(runtime.COMPILED_PROGRAMS)
+    torch._dynamo.reset()
+    try:
+        with torch.no_grad(), config.patch(fallback="error"):
+            loss = torch.compile(PATTERNS["h @ W.t()"], backend="neuron")(h, w, y)
+    finally:
+        torch._dynamo.reset()
+    torch.testing.assert_close(loss, PATTERNS["h @ W.t()"](h, w, y), rtol=1e-5, atol=1e-5)
+    kernels = [k for p in runtime.COMPILED_PROGRAMS[before:] for k in p["artifact"].meta["kernels"]
+               if k["family"] == "lm_head_loss"]
+    assert [k["flops"] for k in kernels] == [2 * h.shape[0] * D * V]
+
+
 def test_option_off_keeps_the_unfused_kernels(fresh_compile_state):
     before = len(runtime.COMPILED_PROGRAMS)
     compiled_step(PATTERNS["h @ W.t()"], data(torch.float32), fuse_lm_head_loss=False)

@@ -230,15 +230,19 @@ def lower_lm_head_loss(ctx: LoweringContext, node: fx.Node) -> KernelSpec:
     hidden, weight, target, ignore_index, reduction, label_smoothing = node.args
     rows, dim, vocab = _check(hidden, weight, target, reduction)
     emit_logits = node.target is torch.ops.neuron_inductor.lm_head_logits_loss.default
+    outputs = result_values(node)
+    # unscaled_grad_h only where a backward reads it (an inference graph has no user for it)
+    grad_h_in_forward = not emit_logits and isinstance(outputs[3], fx.Node)
     w = val(weight)
-    if not emit_logits and (not w.is_contiguous() or w.storage_offset()):
+    if grad_h_in_forward and (not w.is_contiguous() or w.storage_offset()):
         raise Unsupported("W is a strided view (its rows are gathered by address from its allocation)")
     params = {"mode": "forward", "emit_logits": emit_logits, "reduction": reduction, "ignore_index": int(ignore_index),
               "label_smoothing": float(label_smoothing),
-              **plan(ctx, rows, dim, vocab, val(hidden).dtype.itemsize, grad_h_in_forward=not emit_logits)}
-    # logits, and (lm_head_loss) softmax @ W
-    return KernelSpec("lm_head_loss", params, inputs=[hidden, weight, target], outputs=result_values(node),
-                      flops=(2 if emit_logits else 4) * rows * dim * vocab)
+              **plan(ctx, rows, dim, vocab, val(hidden).dtype.itemsize, grad_h_in_forward=grad_h_in_forward)}
+    # logits, and softmax @ W for the backward
+    return KernelSpec("lm_head_loss", params, inputs=[hidden, weight, target],
+                      outputs=outputs if emit_logits or grad_h_in_forward else outputs[:3],
+                      flops=(4 if grad_h_in_forward else 2) * rows * dim * vocab)
 
 
 @register_lowering(torch.ops.neuron_inductor.lm_head_loss_backward.default)
