@@ -15,8 +15,9 @@ materialises the [N, V] logits: the kernels compute them one vocabulary chunk at
   grad_W = dlogits^T @ h with dlogits = coef * (softmax - (1 - eps) * onehot - eps / V) recomputed
   per chunk from h, W and lse, rounded to h's dtype as eager's cast before its matmuls.
 - `lm_head_logits_loss` (the graph also uses the logits) returns the logits instead of
-  unscaled_grad_h; its backward adds their cotangent to dlogits and computes grad_h = dlogits @ W in
-  a second recomputing pass.
+  unscaled_grad_h, written once as they are made; its backward reads them back (a [N, V] read in
+  h's dtype is much cheaper than recomputing them), adds their cotangent to dlogits and computes
+  grad_h = dlogits @ W in a second pass over them.
 
 The eager implementations below are the reference semantics and the visible host fallback.
 """
@@ -108,13 +109,14 @@ def _row_coefficients(grad_loss, target, count, ignore_index, reduction):
 def lm_head_loss_backward(grad_loss: torch.Tensor, hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor,
                           lse: torch.Tensor, count: torch.Tensor, ignore_index: int, reduction: str,
                           label_smoothing: float, grad_logits: torch.Tensor | None = None,
-                          unscaled_grad_h: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                          unscaled_grad_h: torch.Tensor | None = None, logits: torch.Tensor | None = None
+                          ) -> tuple[torch.Tensor, torch.Tensor]:
     """(grad_hidden, grad_weight) of the loss for the cotangent grad_loss: of lm_head_loss given its
-    unscaled_grad_h, or of lm_head_logits_loss given the logits' own cotangent grad_logits."""
-    if (grad_logits is None) == (unscaled_grad_h is None):
-        raise ValueError("lm_head_loss_backward takes one of grad_logits (lm_head_logits_loss) and "
+    unscaled_grad_h, or of lm_head_logits_loss given its logits and their own cotangent grad_logits."""
+    if (grad_logits is None) == (unscaled_grad_h is None) or (grad_logits is None) != (logits is None):
+        raise ValueError("lm_head_loss_backward takes grad_logits and logits (lm_head_logits_loss) or "
                          "unscaled_grad_h (lm_head_loss)")
-    logits = _logits(hidden, weight)
+    logits = _logits(hidden, weight) if logits is None else logits.float()
     vocab = logits.shape[1]
     onehot = torch.zeros_like(logits).scatter_(1, torch.where(target != ignore_index, target, 0)[:, None], 1.0)
     coef = _row_coefficients(grad_loss, target, count, ignore_index, reduction)
@@ -129,15 +131,16 @@ def lm_head_loss_backward(grad_loss: torch.Tensor, hidden: torch.Tensor, weight:
 
 @lm_head_loss_backward.register_fake
 def _(grad_loss, hidden, weight, target, lse, count, ignore_index, reduction, label_smoothing, grad_logits=None,
-      unscaled_grad_h=None):
+      unscaled_grad_h=None, logits=None):
     return torch.empty_like(hidden), torch.empty_like(weight)
 
 
 def _save(ctx, inputs, output, with_unscaled_grad_h: bool):
-    """Saves h, W, target, lse, count (and unscaled_grad_h); only the loss (and the logits) have gradients."""
+    """Saves h, W, target, lse, count and unscaled_grad_h or the logits (which the backward then
+    reads instead of recomputing); only the loss (and the logits) have gradients."""
     hidden, weight, target, ignore_index, reduction, label_smoothing = inputs
     _, lse, count, last = output
-    ctx.save_for_backward(hidden, weight, target, lse, count, *([last] if with_unscaled_grad_h else []))
+    ctx.save_for_backward(hidden, weight, target, lse, count, last)
     ctx.options = (ignore_index, reduction, label_smoothing)
     ctx.mark_non_differentiable(lse, count, *([last] if with_unscaled_grad_h else []))
 
@@ -150,9 +153,9 @@ def _loss_backward(ctx, grad_loss, grad_lse, grad_count, grad_unscaled):
 
 
 def _logits_loss_backward(ctx, grad_loss, grad_lse, grad_count, grad_logits):
-    hidden, weight, target, lse, count = ctx.saved_tensors
+    hidden, weight, target, lse, count, logits = ctx.saved_tensors
     grad_hidden, grad_weight = lm_head_loss_backward(grad_loss, hidden, weight, target, lse, count, *ctx.options,
-                                                     grad_logits=grad_logits)
+                                                     grad_logits=grad_logits, logits=logits)
     return grad_hidden, grad_weight, None, None, None, None
 
 
@@ -250,14 +253,14 @@ def lower_lm_head_loss_backward(ctx: LoweringContext, node: fx.Node) -> KernelSp
     grad_loss, hidden, weight, target, lse, count, ignore_index, reduction, label_smoothing = node.args[:9]
     grad_logits = arg(node, 9, "grad_logits")
     unscaled_grad_h = arg(node, 10, "unscaled_grad_h")
-    if (grad_logits is None) == (unscaled_grad_h is None):
-        raise Unsupported("takes one of grad_logits and unscaled_grad_h")
+    logits = arg(node, 11, "logits")
+    if (grad_logits is None) == (unscaled_grad_h is None) or (grad_logits is None) != (logits is None):
+        raise Unsupported("takes grad_logits and logits, or unscaled_grad_h")
     rows, dim, vocab = _check(hidden, weight, target, reduction)
     params = {"mode": "backward", "has_grad_logits": grad_logits is not None, "reduction": reduction,
               "ignore_index": int(ignore_index), "label_smoothing": float(label_smoothing),
               **plan(ctx, rows, dim, vocab, val(hidden).dtype.itemsize)}
-    # The grad_W pass recomputes the logits; with grad_logits, so does the grad_h pass.
-    return KernelSpec("lm_head_loss", params,
-                      inputs=[grad_loss, hidden, weight, target, lse, count,
-                              grad_logits if grad_logits is not None else unscaled_grad_h],
-                      outputs=result_values(node), flops=(8 if grad_logits is not None else 4) * rows * dim * vocab)
+    # The grad_W pass recomputes the logits (or, given them, reads them; then a grad_h pass reads them too).
+    extra = [grad_logits, logits] if logits is not None else [unscaled_grad_h]
+    return KernelSpec("lm_head_loss", params, inputs=[grad_loss, hidden, weight, target, lse, count, *extra],
+                      outputs=result_values(node), flops=4 * rows * dim * vocab)

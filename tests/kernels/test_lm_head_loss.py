@@ -77,7 +77,7 @@ def check(rows, dim, vocab, dtype, reduction="mean", eps=0.0, with_logits=False)
     if with_logits:
         assert_close(results[3], logits)
 
-    extra = [grad_logits, None] if with_logits else [None, results[3]]
+    extra = [grad_logits, None, results[3]] if with_logits else [None, results[3]]
     (kernel_grad_h, kernel_grad_w), spec = run(BACKWARD, grad, hidden, weight, target, results[1], results[2], IGNORE,
                                                reduction, eps, *extra)
     assert_close(kernel_grad_h, grad_h, fp32_rtol=2e-5)
