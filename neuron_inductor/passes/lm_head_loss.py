@@ -33,6 +33,7 @@ from dataclasses import dataclass
 import torch
 import torch.fx as fx
 import torch.nn.functional as F
+from torch._subclasses.fake_tensor import FakeTensor
 
 from ..lowering import lm_head_loss as fused
 from ..lowering.common import arg
@@ -158,6 +159,8 @@ def _match(node: fx.Node) -> _Match | str | None:
     h, w, y, logits_in = _value(hidden), _value(weight), _value(target), _value(x)
     if any(v is None for v in (h, w, y, logits_in)):
         return "missing example values"
+    if any(type(v) is not FakeTensor for v in (h, w, y)):
+        return "tensor subclasses (e.g. DTensor) have no rule for the fused op"
     if w.dim() != 2 or h.dim() < 2 or h.shape[-1] != w.shape[1] or not all(isinstance(s, int) for s in w.shape):
         return f"h {list(h.shape)} and W {list(w.shape)} are not [..., d] and [V, d] with static d and V"
     if h.dtype != w.dtype or h.dtype not in fused.FLOAT_DTYPES:
