@@ -47,7 +47,7 @@ def measure(rows: int, hidden: int, vocab: int, fused: bool, return_logits: bool
         out = torch.compile(loss_fn(vocab, return_logits), backend="neuron")(h, w, y)
         (out[0] if return_logits else out).backward()
     torch._dynamo.reset()
-    families: dict = defaultdict(lambda: {"kernels": 0, "seconds": 0.0})
+    families: dict = defaultdict(lambda: {"kernels": 0, "seconds": 0.0, "engines": defaultdict(float)})
     totals = {"seconds": 0.0, "tensor_flops": 0, "dma_bytes": 0, "logits_bytes": 0, "logits_tensors": 0}
     for program in runtime.COMPILED_PROGRAMS[before:]:
         meta = program["artifact"].meta
@@ -55,6 +55,8 @@ def measure(rows: int, hidden: int, vocab: int, fused: bool, return_logits: bool
             estimate = meta["estimates"][kernel["name"]]
             families[kernel["family"]]["kernels"] += 1
             families[kernel["family"]]["seconds"] += estimate["seconds"]
+            for engine, seconds in estimate["engine_seconds"].items():
+                families[kernel["family"]]["engines"][engine] += seconds
             totals["seconds"] += estimate["seconds"]
             totals["tensor_flops"] += estimate["tensor_flops"]
             totals["dma_bytes"] += estimate["dma_bytes"]
@@ -83,7 +85,8 @@ def main() -> None:
     for name, r in results.items():
         print(f"\n{name}: per kernel family")
         for family, f in sorted(r["families"].items(), key=lambda item: -item[1]["seconds"]):
-            print(f"  {family:14} {f['kernels']:3d} kernel(s) {f['seconds'] * 1e3:9.2f} ms")
+            engines = ", ".join(f"{e} {t * 1e3:.2f}" for e, t in sorted(f["engines"].items(), key=lambda item: -item[1]))
+            print(f"  {family:14} {f['kernels']:3d} kernel(s) {f['seconds'] * 1e3:9.2f} ms  (engines busy, ms: {engines})")
     unfused = results["unfused"]
     for name in ("fused", "fused+logits"):
         r = results[name]

@@ -227,6 +227,12 @@ def _check(hidden: fx.Node, weight: fx.Node, target: fx.Node, reduction: str) ->
     return int(h.shape[0]), int(h.shape[1]), int(w.shape[0])
 
 
+def _check_smoothing(label_smoothing) -> float:
+    if not 0.0 <= float(label_smoothing) < 1.0:
+        raise Unsupported(f"label_smoothing {label_smoothing} (takes 0 <= eps < 1)")
+    return float(label_smoothing)
+
+
 @register_lowering(torch.ops.neuron_inductor.lm_head_loss.default,
                    torch.ops.neuron_inductor.lm_head_logits_loss.default)
 def lower_lm_head_loss(ctx: LoweringContext, node: fx.Node) -> KernelSpec:
@@ -240,7 +246,7 @@ def lower_lm_head_loss(ctx: LoweringContext, node: fx.Node) -> KernelSpec:
     if grad_h_in_forward and (not w.is_contiguous() or w.storage_offset()):
         raise Unsupported("W is a strided view (its rows are gathered by address from its allocation)")
     params = {"mode": "forward", "emit_logits": emit_logits, "reduction": reduction, "ignore_index": int(ignore_index),
-              "label_smoothing": float(label_smoothing),
+              "label_smoothing": _check_smoothing(label_smoothing),
               **plan(ctx, rows, dim, vocab, val(hidden).dtype.itemsize, grad_h_in_forward=grad_h_in_forward)}
     # logits, and softmax @ W for the backward
     return KernelSpec("lm_head_loss", params, inputs=[hidden, weight, target],
@@ -258,7 +264,7 @@ def lower_lm_head_loss_backward(ctx: LoweringContext, node: fx.Node) -> KernelSp
         raise Unsupported("takes grad_logits and logits, or unscaled_grad_h")
     rows, dim, vocab = _check(hidden, weight, target, reduction)
     params = {"mode": "backward", "has_grad_logits": grad_logits is not None, "reduction": reduction,
-              "ignore_index": int(ignore_index), "label_smoothing": float(label_smoothing),
+              "ignore_index": int(ignore_index), "label_smoothing": _check_smoothing(label_smoothing),
               **plan(ctx, rows, dim, vocab, val(hidden).dtype.itemsize)}
     # The grad_W pass recomputes the logits (or, given them, reads them; then a grad_h pass reads them too).
     extra = [grad_logits, logits] if logits is not None else [unscaled_grad_h]

@@ -128,6 +128,8 @@ def _cross_entropy_options(node: fx.Node) -> tuple[fx.Node, fx.Node, tuple] | st
         return "class weights or the legacy size_average / reduce arguments"
     if not isinstance(a["ignore_index"], int) or not isinstance(a["label_smoothing"], (int, float)):
         return "ignore_index / label_smoothing computed in the graph"
+    if not 0.0 <= a["label_smoothing"] < 1.0:
+        return f"label_smoothing {a['label_smoothing']} (fused: 0 <= eps < 1)"
     if a["reduction"] not in fused.REDUCTIONS:
         return f"reduction {a['reduction']!r}"
     return a["input"], a["target"], (a["ignore_index"], a["reduction"], float(a["label_smoothing"]))
