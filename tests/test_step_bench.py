@@ -7,6 +7,7 @@ import importlib.util
 import json
 import pathlib
 import struct
+import sys
 import zlib
 
 import pytest
@@ -17,6 +18,7 @@ BENCH = pathlib.Path(__file__).parents[1] / "bench"
 def load(name: str):
     spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCH / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
     spec.loader.exec_module(module)
     return module
 
