@@ -130,9 +130,15 @@ def launches(programs: list[dict]) -> list[dict]:
     return out
 
 
+EMBEDDING_OPS = ("aten.embedding.default", "aten.embedding_dense_backward.default")
+# Issue 15's goals for the d2048 step: MFU, embedding share of the step, TensorE over useful FLOPs.
+GOALS = {"mfu": 0.60, "embedding_share": 0.02, "tensor_over_useful": 1.05}
+
+
 def summarize(config: StepConfig, programs: list[dict], useful: float, wall: float) -> dict:
     step = launches(programs)
     seconds = sum(k["seconds"] for k in step)
+    embedding = sum(k["seconds"] for k in step if any(op in EMBEDDING_OPS for op in k["ops"]))
     tensor_flops = sum(k["tensor_flops"] for k in step)
     families: dict[str, dict] = defaultdict(lambda: {"launches": 0, "seconds": 0.0, "tensor_flops": 0})
     for k in step:
@@ -145,6 +151,7 @@ def summarize(config: StepConfig, programs: list[dict], useful: float, wall: flo
         "config": asdict(config), "target": TARGET, "launches": len(step), "step_seconds": seconds,
         "useful_flops": useful, "tensor_flops": tensor_flops, "tensor_over_useful": tensor_flops / useful,
         "mfu": useful / (seconds * peak), "physical_bound_seconds": useful / peak,
+        "embedding_share": embedding / seconds,
         "families": dict(sorted(families.items(), key=lambda item: -item[1]["seconds"])),
         "fallbacks": sorted({f["op"] for p in programs for f in p["artifact"].meta["fallbacks"]}),
         "interpreter_wall_seconds": wall, "kernels": step,
@@ -161,6 +168,11 @@ def format_summary(name: str, s: dict) -> str:
         f"physical bound {s['physical_bound_seconds'] * 1e3:.2f} ms (useful FLOPs at 79 TF/s): MFU {s['mfu']:.1%}",
         f"  TensorE {s['tensor_flops'] / 1e9:.1f} GFLOP vs useful {s['useful_flops'] / 1e9:.1f} GFLOP: "
         f"{s['tensor_over_useful']:.2f}x",
+        f"  embedding kernels (forward and backward) {s['embedding_share']:.1%} of the step",
+        f"  issue 15 goals (set for d2048): " + "; ".join(
+            f"{key} {s[key]:.3g} {'>=' if key == 'mfu' else '<='} {goal} "
+            f"{'met' if (s[key] >= goal if key == 'mfu' else s[key] <= goal) else 'NOT met'}"
+            for key, goal in GOALS.items()),
         f"  host fallbacks: {', '.join(s['fallbacks']) or 'none'}; interpreter wall {s['interpreter_wall_seconds']:.0f} s",
         f"  {'family':<22} {'launches':>8} {'est. ms':>9} {'share':>7} {'TensorE GFLOP':>14}",
     ]

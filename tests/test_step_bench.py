@@ -57,6 +57,8 @@ def test_quick_step_bench_reports_a_consistent_step(tmp_path):
     # Every launch pays at least the launch cost, so MFU is below 1; TensorE does at least the useful work.
     assert all(k["seconds"] >= 2e-6 for k in kernels) and 0 < summary["mfu"] < 1
     assert summary["tensor_flops"] >= 0.99 * summary["useful_flops"] > 0
+    embedding = [k for k in kernels if "aten.embedding.default" in k["ops"]]
+    assert embedding and 0 < summary["embedding_share"] < 1
     document = json.loads(trace.read_text())
     check_trace_json(document, launches=len(kernels))
 

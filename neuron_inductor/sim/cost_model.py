@@ -46,7 +46,9 @@ Per-instruction costs follow the cycle rules of nki-reference.md §3:
   - dma_transpose: <= 90% from HBM, <= 50% SBUF -> SBUF (A2), times the fraction of the dst's
     [128 partitions, 16 contiguous elements] blocks it fills (A2: a multiple of 128 partitions and of
     16 in the innermost free dim is the prerequisite for that efficiency; other sizes cost DMA
-    performance, charged here as padded blocks).
+    performance, charged here as padded blocks). The hardware-DGE transpose's shape conditions
+    (nki.isa.dma_transpose: src.shape[0] == 16, src.shape[-1] % 128 == 0, 2-byte dtype) are whole
+    blocks, so they run at the ceiling; software-DGE descriptor work on GpSimd is not charged.
 
 Not modelled: engine contention inside a chain (the chain and the busy bound are each exact only
 at their extreme); semaphores and instruction-issue overhead beyond the launch cost; the HBM
