@@ -73,16 +73,17 @@ class Instruction:
 def record(engine, op, flops, nbytes, free_size, partitions, operands):
     """Append one instruction to every active trace; `operands` = ((role, tensor), ...)."""
     make = tuple.__new__  # Operand(...) without NamedTuple's Python-level __new__
-    kept = [t for _, t in operands if getattr(t, "buffer", None) is not None]
-    described = tuple(
-        make(Operand, (role, tuple(t.data.shape), t.dtype.name, t.buffer.name))
-        for role, t in operands if getattr(t, "buffer", None) is not None
-    )
-    run = min(_contiguous_bytes(t) for t in kept) if engine == "dma" and kept else 0
+    described, allocs, kept = [], [], []
+    for role, t in operands:
+        buffer = getattr(t, "buffer", None)
+        if buffer is not None:
+            described.append(make(Operand, (role, tuple(t.data.shape), t.dtype.name, buffer.name)))
+            allocs.append(id(getattr(t, "alloc", None)))
+            kept.append(t)
+    run = min(map(_contiguous_bytes, kept)) if engine == "dma" and kept else 0
     program = context.current()
-    instruction = Instruction(engine, op, flops, nbytes, free_size, partitions, described,
-                              program.kernel_name, program.program_id,
-                              tuple(id(getattr(t, "alloc", None)) for t in kept), run)
+    instruction = Instruction(engine, op, flops, nbytes, free_size, partitions, tuple(described),
+                              program.kernel_name, program.program_id, tuple(allocs), run)
     for active in ACTIVE:
         active.instructions.append(instruction)
 
