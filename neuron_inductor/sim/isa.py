@@ -35,7 +35,7 @@ from __future__ import annotations
 
 from .registers import VirtualRegister, register_alloc, register_load, register_move, register_store  # noqa: F401
 from . import context  # noqa: F401
-from .errors import NkiError, NkiIndexError  # noqa: F401
+from .errors import NkiError, NkiIndexError, NkiValidationError  # noqa: F401
 from .ops import OPS  # noqa: F401
 from .tracing import ACTIVE, record  # noqa: F401
 from .isa_enums import (_engine, dge_mode, dma_engine, engine, get_nc_version, gpsimd_engine, matmul_perf_mode,  # noqa: F401
@@ -45,13 +45,16 @@ from .isa_operands import (_PSUM, _SBUF, _bytes, _check_elementwise, _copy_exact
 from .isa_tensor_engine import nc_matmul, nc_transpose  # noqa: F401
 from .isa_alu import (affine_select, fill, iota, memset, reciprocal, scalar_tensor_tensor, tensor_copy,  # noqa: F401
                       tensor_reduce, tensor_scalar, tensor_tensor)
-from .isa_activation import _activation, activation, activation_reduce, bn_aggr, bn_stats  # noqa: F401
+from .isa_activation import _activation, activate2, activation, activation_reduce, bn_aggr, bn_stats  # noqa: F401
 from .isa_dma import _dma_copy, dma_copy, dma_transpose  # noqa: F401
 # The modules below read the names above through `isa.` (default arguments included), so they come last.
 from .isa_cores import core_barrier, sendrecv  # noqa: F401
 from .isa_scan import (exponential, range_select, select_reduce, tensor_scalar_cumulative,  # noqa: F401
                        tensor_scalar_reduce, tensor_tensor_scan)
-from .isa_search import max8, nc_find_index8, nc_match_replace8, nonzero_with_count  # noqa: F401
+from .isa_search import (max8, nc_find_index8, nc_match_replace8, nonzero_with_count, sequence_bounds,  # noqa: F401
+                         topk)
 from .isa_gather import (local_gather, nc_n_gather, nc_stream_shuffle, tensor_copy_predicated,  # noqa: F401
                          tensor_partition_reduce)
 from .isa_dma_compute import dma_compute  # noqa: F401
+from .isa_random import dropout, rand2, rand_get_state, rand_set_state, rng, set_rng_seed  # noqa: F401
+from .isa_mx import NkiInstruction, get_nc_sub_version, nc_matmul_mx, quantize_mx  # noqa: F401
