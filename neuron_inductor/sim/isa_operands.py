@@ -82,9 +82,23 @@ def _write(dst, values: torch.Tensor, wrap: bool = False) -> None:
         values = dtypes.cast_for_store(values, dtype, data.dtype)
     if values.shape != data.shape:
         values = values.reshape(data.shape)
-    data.copy_(values)
+    _store(data, values)
     if dst.buffer is tensors.psum:
         tensors.mark_written(dst)
+
+
+def _store(data: torch.Tensor, values: torch.Tensor) -> None:
+    """data.copy_(values); a dst pattern with zero steps (`.ap([[1, n], [0, F]])`) writes one location
+    several times in pattern order, so the last element along each zero-step dim is what stays."""
+    try:
+        data.copy_(values)
+    except RuntimeError:
+        if 0 not in data.stride():
+            raise
+        for dim, (size, stride) in enumerate(zip(data.shape, data.stride())):
+            if stride == 0 and size > 1:
+                data, values = data.narrow(dim, size - 1, 1), values.narrow(dim, size - 1, 1)
+        data.copy_(values)
 
 
 _NEEDS_CAST = frozenset(d for d in dtypes.ALL if d.kind != "float") | {dtypes.tfloat32, dtypes.float8_e4m3}
@@ -99,7 +113,7 @@ def _copy_exact(dst, src) -> None:
         values = values.clone()  # overlapping views of one allocation
     if values.shape != dst.data.shape:
         values = values.reshape(dst.data.shape)
-    dst.data.copy_(values)
+    _store(dst.data, values)
     if dst.buffer is tensors.psum:
         tensors.mark_written(dst)
 
