@@ -307,11 +307,9 @@ class NkiTensor(ViewMethods):
         offset = data.storage_offset()
         if offset == 0:
             return 0
-        storage = self.alloc.storage  # address= tiles: a strided view of the buffer, starting at their address
-        if not storage.dim():
-            return 0
-        into = offset * data.element_size() - storage.storage_offset() * storage.element_size()
-        return into // (storage.stride(0) * storage.element_size())
+        storage = self.alloc.storage  # address= tiles: a view of the buffer whose dim 0 steps one partition
+        partition_bytes = storage.stride(0) * storage.element_size() if storage.dim() else 1
+        return offset * data.element_size() // partition_bytes
 
 
 class OutOfBoundsView(NkiTensor):
