@@ -146,3 +146,16 @@ def test_vector_offset_tiles_may_have_several_free_dims(dtype):
         return out
 
     assert torch.equal(kernel(data, rows), data[rows.long()])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_scalar_tensor_tensor_takes_operand0_of_any_dtype(dtype):
+    """Its docstring: "All input tiles can be any supported NKI data type" (tensor_scalar's operands are fp32)."""
+    x, y = torch.randn(8, 16).to(dtype), torch.randn(8, 16).to(dtype)
+    scale = torch.randn(8, 1).to(dtype)
+    out = on_tiles(lambda d, a, s, b: nisa.scalar_tensor_tensor(d, a, nl.multiply, s, nl.add, b), (8, 16), nl.float32,
+                   x, scale, y)
+    torch.testing.assert_close(out, x.float() * scale.float() + y.float(), rtol=1e-6, atol=1e-6)
+    with pytest.raises(sim.NkiRuleError, match="float32"):
+        on_tiles(lambda d, a, s: nisa.tensor_scalar(d, a, nl.multiply, s), (8, 16), nl.float32, x,
+                 scale.to(torch.bfloat16))
