@@ -181,13 +181,20 @@ def _clocks(target: Target) -> dict:
             "gpsimd": target.gpsimd_hz}
 
 
-def instruction_seconds(ins, target=None) -> float:
-    """Busy time of one instruction on its engine (a DMA: its transfer plus its share of the fixed cost
-    over the 16 queues), the unit of the engine-busy bound."""
-    target = get_target(target)
+def _busy_and_latency(ins, target: Target, clocks: dict) -> tuple[float, float]:
+    """(time on its engine, time until its result is there). A DMA's fixed cost overlaps across the
+    16 queues in the busy bound, but a transfer that is waited for takes all of it."""
     if ins.engine == "dma":
-        return dma_transfer_seconds(ins, target) + target.dma_fixed_s / target.dma_queues
-    return compute_cycles(ins, target) / _clocks(target)[ins.engine]
+        transfer = dma_transfer_seconds(ins, target)
+        return transfer + target.dma_fixed_s / target.dma_queues, transfer + target.dma_fixed_s
+    seconds = compute_cycles(ins, target) / clocks[ins.engine]
+    return seconds, seconds
+
+
+def instruction_seconds(ins, target=None) -> float:
+    """Busy time of one instruction on its engine, the unit of the engine-busy bound."""
+    target = get_target(target)
+    return _busy_and_latency(ins, target, _clocks(target))[0]
 
 
 def _launch(instructions, start: int, stop: int, target: Target, clocks: dict) -> tuple[LaunchEstimate, int, int]:
@@ -195,20 +202,15 @@ def _launch(instructions, start: int, stop: int, target: Target, clocks: dict) -
     finished: dict[int, float] = {}  # allocation -> when its latest writer finishes (dependency chain)
     chain = 0.0
     transfers = matmul_flops = dma_bytes = 0
-    fixed_share = target.dma_fixed_s / target.dma_queues
     for index in range(start, stop):
         ins = instructions[index]
+        seconds, latency = _busy_and_latency(ins, target, clocks)
+        busy[ins.engine] += seconds
         if ins.engine == "dma":
-            transfer = dma_transfer_seconds(ins, target)
-            busy["dma"] += transfer + fixed_share
-            latency = transfer + target.dma_fixed_s
             transfers += 1
             dma_bytes += ins.bytes
-        else:
-            latency = compute_cycles(ins, target) / clocks[ins.engine]
-            busy[ins.engine] += latency
-            if ins.op == "nc_matmul":
-                matmul_flops += ins.flops
+        elif ins.op == "nc_matmul":
+            matmul_flops += ins.flops
         ready = 0.0
         written = []
         for operand, alloc in zip(ins.operands, ins.allocs):
