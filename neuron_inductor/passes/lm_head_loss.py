@@ -7,8 +7,10 @@ Matched (and nothing else; every other variant keeps today's path):
                [[a:b, c:d] slices of leading dims]                               (any order)
     loss = F.cross_entropy(x, y, ignore_index=int, reduction=..., label_smoothing=float)
 
-with x fp32 of shape [N, V] (so bf16 logits must be upcast, as Hugging Face's loss does), h and W
-of one dtype (fp32 or bf16), y int64 [N], no class weights, static d and V. The match becomes
+with x of shape [N, V], h and W of one dtype (fp32 or bf16), y int64 [N], no class weights, static
+d and V. x is fp32 (Hugging Face's loss upcasts bf16 logits) or h's dtype: a bf16 loss is then
+computed in fp32 and rounded once (eager rounds every log-probability to bf16 first; the fused
+result is the more accurate one, within bf16 rounding of eager's). The match becomes
 `neuron_inductor::lm_head_loss(h.reshape(-1, d), W, y, ...)[0]` (lowering/lm_head_loss.py), whose
 autograd formula AOTAutograd traces into the backward graph: neither graph holds the [N, V]
 logits, their fp32 copy or the log-softmax.
@@ -167,8 +169,8 @@ def _match(node: fx.Node) -> _Match | str | None:
         return f"h {list(h.shape)} and W {list(w.shape)} are not [..., d] and [V, d] with static d and V"
     if h.dtype != w.dtype or h.dtype not in fused.FLOAT_DTYPES:
         return f"h / W dtypes {h.dtype} / {w.dtype}"
-    if logits_in.dtype != torch.float32 or logits_in.dim() != 2:
-        return f"the loss input is {logits_in.dtype} of rank {logits_in.dim()} (fused: fp32 [N, V])"
+    if logits_in.dtype not in (torch.float32, h.dtype) or logits_in.dim() != 2:
+        return f"the loss input is {logits_in.dtype} of rank {logits_in.dim()} (fused: fp32 or h's dtype, [N, V])"
     if y.dtype != torch.int64 or y.dim() != 1:
         return f"target {y.dtype} of rank {y.dim()} (fused: int64 class indices [N])"
     if any(len(n.users) != 1 for n in between):
@@ -195,6 +197,8 @@ def _rewrite(graph: fx.Graph, m: _Match) -> str:
         rows = graph.call_method("reshape", (rows, -1, int(_value(m.weight).shape[1]))) if rows is not m.hidden or h.dim() != 2 else rows
         call = graph.call_function(op._opoverload, (rows, m.weight, m.target, *m.options))
         loss = graph.call_function(operator.getitem, (call, 0))
+        if _value(m.loss).dtype != torch.float32:  # a loss of bf16 logits: computed in fp32, rounded once
+            loss = graph.call_method("to", (loss, _value(m.loss).dtype))
     m.loss.replace_all_uses_with(loss)
     graph.erase_node(m.loss)
     for node in reversed(m.between):
