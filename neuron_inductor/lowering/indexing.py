@@ -46,12 +46,15 @@ import torch.fx as fx
 from .common import arg, float32_bits, val
 from .ir import KernelSpec, Unsupported
 from .reduction import EXACT_INT_LIMIT, FREE_MAX, PSUM_FMAX, walk_dims
+from . import row_path
 from .registry import register_lowering
 
 aten = torch.ops.aten
 
 # lanes per tile of a lane op: up to eight [rows, lanes] fp32 tiles are live at once
 LANE_FMAX = FREE_MAX // 4
+# columns per indirect DMA of gather_indirect (one [tokens, columns] tile, 16 KiB of fp32 per partition)
+INDIRECT_FMAX = FREE_MAX // 2
 
 
 # How a row gather moves each table dtype through its fp32 one-hot matmul, exactly (a product
@@ -72,14 +75,15 @@ def _token_dims(ids_shape, width: int, width_limit: int) -> list[dict]:
     return [d.as_param() for d in walk_dims(shape, set(), p_group, [len(ids_shape)] if width > 1 else [], width_limit)]
 
 
-def _row_dims(outer: int, ids_shape, inner: int, p_group=None) -> list[dict]:
+def _row_dims(outer: int, ids_shape, inner: int, p_group, free_limit: int) -> list[dict]:
     """Walk of [outer, *ids_shape, inner] (a row op's result viewed around its ids): outer indices
-    one at a time, ids dims on partitions (`p_group`, default all of them), inner on the free axis."""
+    one at a time, ids dims on partitions (`p_group`, default all of them), inner on the free axis
+    in chunks of up to `free_limit`."""
     shape = [outer] + [int(s) for s in ids_shape] + [inner]
     if p_group is None:
         p_group = [1 + d for d, s in enumerate(ids_shape) if s > 1]
     f_group = [len(shape) - 1] if inner > 1 else []
-    return [d.as_param() for d in walk_dims(shape, set(), p_group, f_group, PSUM_FMAX)]
+    return [d.as_param() for d in walk_dims(shape, set(), p_group, f_group, free_limit)]
 
 
 def _check_indices(indices: list[torch.Tensor]) -> None:
@@ -88,10 +92,11 @@ def _check_indices(indices: list[torch.Tensor]) -> None:
             raise Unsupported(f"indices of dtype {i.dtype}")
 
 
-def _row_params(mode: str, table: torch.Tensor, first: int, indices: list[torch.Tensor]) -> dict:
+def _row_params(mode: str, table: torch.Tensor, first: int, indices: list[torch.Tensor],
+                free_limit: int = PSUM_FMAX) -> dict:
     """Geometry of a row op on `table` indexed by `indices` on its dims first, first + 1, ...:
     the table is viewed as [outer, rows, inner] (rows = the indexed dims flattened) and the result
-    as [outer, *ids, inner]."""
+    as [outer, *ids, inner], its inner dim walked in chunks of up to `free_limit`."""
     _check_indices(indices)
     if mode == "row_scatter" and not table.dtype.is_floating_point:
         raise Unsupported(f"row scatters into a {table.dtype} tensor")
@@ -106,11 +111,11 @@ def _row_params(mode: str, table: torch.Tensor, first: int, indices: list[torch.
     if outer * rows * inner == 0 or math.prod(ids_shape) == 0:
         raise Unsupported("a row op on an empty tensor")
     if len(indices) == 1:
-        dims, strides = _row_dims(outer, ids_shape, inner), []
+        dims, strides = _row_dims(outer, ids_shape, inner, None, free_limit), []
     else:
         # several broadcast index tensors: each tile covers part of the last ids dim, where an
         # index either varies (a slice of it) or is broadcast (one value for the whole tile)
-        dims = _row_dims(outer, ids_shape, inner, [len(ids_shape)] if ids_shape[-1] > 1 else [])
+        dims = _row_dims(outer, ids_shape, inner, [len(ids_shape)] if ids_shape[-1] > 1 else [], free_limit)
         strides = [math.prod(shape[d + 1:last]) for d in range(first, last)]
     index_shapes = [[1] * (len(ids_shape) - i.dim()) + [int(s) for s in i.shape] for i in indices]
     return {"mode": mode, "outer": outer, "rows": rows, "inner": inner, "dims": dims,
@@ -118,12 +123,37 @@ def _row_params(mode: str, table: torch.Tensor, first: int, indices: list[torch.
             "index_sizes": shape[first:last], "row_strides": strides}
 
 
+def _row_path(mode: str, table: torch.Tensor, first: int, indices: list[torch.Tensor], accumulate: bool = True):
+    """(family, params) of a row op: row_path picks one-hot matmuls or indirect DMA by the cost model."""
+    params = _row_params(mode, table, first, indices)
+    tokens = math.prod(torch.broadcast_shapes(*(i.shape for i in indices))) or 1
+    op = row_path.RowOp(mode, params["outer"], params["rows"], params["inner"], tokens, table.element_size(),
+                        params["table_kind"], accumulate, onehot_chunk=PSUM_FMAX,
+                        indirect_chunk=INDIRECT_FMAX if mode == "row_gather" or not accumulate else PSUM_FMAX,
+                        fill_chunk=INDIRECT_FMAX)
+    choice = row_path.choose(op)
+    if choice.path == "indirect":
+        params = _row_params(mode, table, first, indices, op.indirect_chunk)
+        params["fill_chunk"] = min(op.fill_chunk, params["inner"])
+    return choice.family, params
+
+
+def _merge_flops(params: dict) -> int:
+    """TensorE FLOPs of gather_indirect's duplicate merge: a [t, t] @ [t, inner] matmul per tile."""
+    ids = [d for d in params["dims"][1:-1] if d["axis"] == "p"]
+    tile = math.prod(d["chunk"] for d in ids)
+    tokens = math.prod(d["extent"] for d in params["dims"][1:-1])
+    return 2 * params["outer"] * tokens * min(tile, tokens) * params["inner"]
+
+
 def _row_gather(node: fx.Node, table: fx.Node, first: int, indices: list[fx.Node]) -> KernelSpec:
     w, ids = val(table), [val(i) for i in indices]
-    params = _row_params("row_gather", w, first, ids)
+    family, params = _row_path("row_gather", w, first, ids)
     tokens = math.prod(val(node).shape) // max(params["outer"] * params["inner"], 1)
-    flops = 2 * params["outer"] * tokens * params["rows"] * params["inner"]
-    return KernelSpec("gather_rows", params, [table, *indices], [node], flops=flops)
+    flops = 2 * params["outer"] * tokens * params["rows"] * params["inner"] if family == "gather_rows" else 0
+    if family == "gather_indirect":
+        params["padding_idx"] = -1  # (the template's row filter is shared with embedding's backward)
+    return KernelSpec(family, params, [table, *indices], [node], flops=flops)
 
 
 @register_lowering(aten.embedding.default)
@@ -160,7 +190,7 @@ def lower_index(node: fx.Node) -> KernelSpec:
 def _row_scatter(node, base, first: int, indices: list, values, accumulate: bool, padding_idx: int) -> KernelSpec:
     """Rows of values [outer, *ids, inner] summed (accumulate) or placed into [outer, rows, inner]."""
     ids, v, out = [val(i) for i in indices], val(values), val(node)
-    params = _row_params("row_scatter", out, first, ids)
+    family, params = _row_path("row_scatter", out, first, ids, accumulate)
     ids_shape = tuple(torch.broadcast_shapes(*(i.shape for i in ids)))
     expected = tuple(out.shape[:first]) + ids_shape + tuple(out.shape[first + len(ids):])
     # values may differ from the indexed shape by size-1 dims only (same elements in the same order)
@@ -170,8 +200,11 @@ def _row_scatter(node, base, first: int, indices: list, values, accumulate: bool
         raise Unsupported(f"scattered values of dtype {v.dtype} into {out.dtype}")
     params.update(accumulate=accumulate, padding_idx=padding_idx, has_base=base is not None)
     inputs = [values, *indices] + ([base] if base is not None else [])
-    flops = 2 * v.numel() * params["rows"]
-    return KernelSpec("gather_rows", params, inputs, [node], flops=flops)
+    if family == "gather_rows":
+        flops = 2 * v.numel() * params["rows"]
+    else:
+        flops = _merge_flops(params) if accumulate else 0
+    return KernelSpec(family, params, inputs, [node], flops=flops)
 
 
 @register_lowering(aten.embedding_dense_backward.default)

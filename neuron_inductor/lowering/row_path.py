@@ -1,0 +1,234 @@
+"""Which formulation a row op (lowering/indexing.py) takes: one-hot matmuls (`gather_rows`) or
+indirect DMA (`gather_indirect`), decided here and nowhere else, by the cost model's estimate of
+each kernel.
+
+A one-hot gather reads the whole table once per token tile and multiplies it on TensorE (fp32,
+since it moves the table's bits), so its cost grows with rows x tokens; a one-hot scatter-add
+builds a [tokens, rows] one-hot per tile. The indirect kernels read or write only the rows named,
+plus fixed per-tile work on the ids (and, for a scatter, writing the zeros or base of the whole
+output, and a [tokens, tokens] merge of duplicate rows). One-hot wins only for tiny tables.
+
+The estimate lists, per token tile, the instructions each template issues (their engines, free
+sizes, dtypes and DMA bytes, as the interpreter would record them) and prices them with
+`sim.cost_model.estimate`, so a change to the cost model moves the choice with it. It models the
+dominant instructions, not every one: `tests/kernels/test_row_path.py` checks it against the
+traced estimate of the rendered kernels.
+
+`forced(path)` overrides the choice inside a block (tests and bench/kernels.py run both paths).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from dataclasses import dataclass
+from typing import Iterator
+
+from .. import sim
+from ..sim.tracing import Operand
+
+log = logging.getLogger(__name__)
+
+PATHS = ("onehot", "indirect")
+FAMILIES = {"onehot": "gather_rows", "indirect": "gather_indirect"}
+
+_forced: list[str] = []
+
+
+@contextlib.contextmanager
+def forced(path: str) -> Iterator[None]:
+    """Make every row op inside the block take `path` ("onehot" or "indirect")."""
+    if path not in PATHS:
+        raise ValueError(f"row op path {path!r} is not one of {', '.join(PATHS)}")
+    _forced.append(path)
+    try:
+        yield
+    finally:
+        _forced.pop()
+
+
+@dataclass(frozen=True)
+class RowOp:
+    """What the estimates need of a row op (sizes in elements; the table is [outer, rows, inner])."""
+
+    mode: str               # "row_gather" | "row_scatter"
+    outer: int
+    rows: int
+    inner: int
+    tokens: int             # ids per outer index
+    itemsize: int           # bytes of a table / values element
+    table_kind: str         # gather_rows' TABLE_KINDS entry
+    accumulate: bool = True
+    onehot_chunk: int = 512     # column chunk of gather_rows (one PSUM bank)
+    indirect_chunk: int = 512   # column chunk of gather_indirect
+    fill_chunk: int = 512       # column chunk of gather_indirect's zero / base fill
+
+    def describe(self) -> str:
+        return f"{self.mode} of {self.tokens} ids x [{self.outer}, {self.rows}, {self.inner}]"
+
+
+@dataclass(frozen=True)
+class Choice:
+    path: str
+    family: str
+    seconds: dict           # estimated seconds per path
+    reason: str
+
+
+def choose(op: RowOp, target=None) -> Choice:
+    """The cheaper path for `op` by the cost model (or the forced one), logged with both estimates."""
+    seconds = {"onehot": estimate_onehot(op, target), "indirect": estimate_indirect(op, target)}
+    if _forced:
+        path, reason = _forced[-1], "forced"
+    else:
+        path = min(PATHS, key=lambda p: (seconds[p], p != "indirect"))
+        reason = "cost model"
+    log.info("%s: %s (%s; one-hot %.1f us, indirect DMA %.1f us)", op.describe(), path, reason,
+             seconds["onehot"] * 1e6, seconds["indirect"] * 1e6)
+    return Choice(path, FAMILIES[path], seconds, reason)
+
+
+# ---- instruction lists -----------------------------------------------------------------------
+
+_DTYPES = {1: "uint8", 2: "bfloat16", 4: "float32"}
+
+
+def _op(engine: str, name: str, partitions: int, free: int, dtypes=("float32",), buffers=("sbuf",)) -> sim.Instruction:
+    operands = tuple(Operand(role, (partitions, free), dtype, buffer)
+                     for role, dtype, buffer in zip(("dst", "src", "moving"), dtypes * 3, buffers * 3))
+    return sim.Instruction(engine, name, 0, 0, free, partitions, operands, "", 0)
+
+
+def _vector(name, partitions, free, dtype="float32"):
+    return _op("vector", name, partitions, free, (dtype,))
+
+
+def _scalar(partitions, free):
+    return _op("scalar", "activation", partitions, free)
+
+
+def _matmul(partitions, stationary_free, moving_free, dtype="float32"):
+    ins = _op("tensor", "nc_matmul", partitions, moving_free, (dtype,), ("psum", "sbuf", "sbuf"))
+    ins.flops = 2 * partitions * stationary_free * moving_free
+    return ins
+
+
+def _dma(partitions, free, itemsize, name="dma_copy", hbm_side="shared_hbm"):
+    ins = _op("dma", name, partitions, free, (_DTYPES.get(itemsize, "float32"),), ("sbuf", hbm_side))
+    ins.bytes = partitions * free * itemsize
+    return ins
+
+
+def _ids(t: int, extra: int) -> list:
+    """One token tile's row numbers: DMA, convert, wrap negatives (and `extra` [t, 1] ops)."""
+    return [_dma(1, t, 4), _vector("tensor_copy", 1, t), _vector("tensor_scalar", 1, t),
+            _vector("tensor_tensor", 1, t)] + [_vector("tensor_scalar", t, 1) for _ in range(extra)]
+
+
+def _tiles(tokens: int):
+    """(tile size, count) pairs of a walk of `tokens` ids in tiles of 128."""
+    full, rest = divmod(tokens, 128)
+    return [(128, full)] * bool(full) + [(rest, 1)] * bool(rest)
+
+
+def _chunks(extent: int, chunk: int):
+    full, rest = divmod(extent, chunk)
+    return [(chunk, full)] * bool(full) + [(rest, 1)] * bool(rest)
+
+
+def _price(groups, target) -> float:
+    """Seconds of the instruction lists `groups` = [(count, [instructions])], each repeated
+    `count` times: the cost model's busy time per engine adds up; its fixed terms count once."""
+    busy: dict = {}
+    fixed = 0.0
+    for count, instructions in groups:
+        if not count or not instructions:
+            continue
+        est = sim.estimate(instructions, target)
+        for engine, seconds in est.engine_seconds.items():
+            busy[engine] = busy.get(engine, 0.0) + count * seconds
+        fixed = max(fixed, est.total_seconds - max(est.engine_seconds.values()))
+    return (max(busy.values()) if busy else 0.0) + fixed
+
+
+def _onehot_table_ops(kind: str, vc: int, cols: int, itemsize: int) -> list:
+    """gather_rows' bits_matmul on one [vc, cols] table chunk (fp32 one-hot, fp32 moving bits)."""
+    load = _dma(vc, cols, itemsize)
+    if kind == "bits32":
+        return [load, _vector("tensor_scalar", vc, cols), _vector("tensor_scalar", vc, cols),
+                _scalar(vc, cols), _scalar(vc, cols), _matmul(vc, 128, cols), _matmul(vc, 128, cols)]
+    if kind == "bits16":
+        return [load, _scalar(vc, cols), _matmul(vc, 128, cols)]
+    return [load, _matmul(vc, 128, cols)]
+
+
+def _onehot_join_ops(kind: str, t: int, cols: int) -> list:
+    if kind == "bits32":
+        return [_scalar(t, cols), _scalar(t, cols), _vector("tensor_scalar", t, cols), _vector("tensor_tensor", t, cols)]
+    return [_scalar(t, cols)] if kind == "bits16" else [_vector("tensor_copy", t, cols)]
+
+
+def estimate_onehot(op: RowOp, target=None) -> float:
+    """gather_rows (codegen_templates/gather_rows.py.j2)."""
+    groups = []
+    vchunks = _chunks(op.rows, 128)
+    cchunks = _chunks(op.inner, op.onehot_chunk)
+    vdtype = _DTYPES.get(op.itemsize, "float32")
+    for t, tiles in _tiles(op.tokens):
+        if op.mode == "row_gather":
+            per_tile = _ids(t, 0) + [_matmul(1, 128, t)]
+            per_tile += [_vector("tensor_scalar", vc, t) for vc, n in vchunks for _ in range(n)]
+            groups.append((tiles, per_tile))
+            for cols, n in cchunks:
+                table = [ins for vc, m in vchunks for _ in range(m) for ins in _onehot_table_ops(op.table_kind, vc, cols, op.itemsize)]
+                store = _onehot_join_ops(op.table_kind, t, cols) + [_dma(t, cols, op.itemsize)]
+                groups.append((tiles * n * op.outer, table + store))
+        else:
+            groups.append((tiles, _ids(t, 3) + [_matmul(1, t, 1)]))
+            for vc, m in vchunks:
+                for cols, n in cchunks:
+                    # per (outer, row chunk, column chunk, token tile): one-hot, values load, matmul
+                    mix = [_vector("tensor_scalar", t, vc), _dma(t, cols, op.itemsize), _matmul(t, vc, cols, vdtype)]
+                    if not op.accumulate:
+                        mix += [_matmul(t, vc, 1)]
+                    groups.append((tiles * m * n * op.outer, mix))
+    if op.mode == "row_scatter":
+        for vc, m in vchunks:
+            for cols, n in cchunks:
+                store = [_vector("tensor_copy", vc, cols), _dma(vc, cols, op.itemsize)]
+                if not op.accumulate:
+                    store += _onehot_join_ops(op.table_kind, vc, cols) + [_dma(vc, cols, op.itemsize)]
+                    store += [_vector("tensor_tensor", vc, cols)] * 2 + [_vector("tensor_scalar", vc, cols)]
+                groups.append((m * n * op.outer, store))
+    return _price(groups, target)
+
+
+def estimate_indirect(op: RowOp, target=None) -> float:
+    """gather_indirect (codegen_templates/gather_indirect.py.j2)."""
+    groups = []
+    cchunks = _chunks(op.inner, op.indirect_chunk)
+    vdtype = _DTYPES.get(op.itemsize, "float32")
+    for t, tiles in _tiles(op.tokens):
+        per_tile = _ids(t, 5) + [_matmul(1, t, 1), _vector("tensor_copy", t, 1)]
+        if op.mode == "row_scatter":
+            per_tile += [_matmul(1, t, t), _vector("tensor_scalar", t, t), _op("gpsimd", "affine_select", t, t),
+                         _vector("tensor_reduce", t, t)]
+        groups.append((tiles, per_tile))
+        for cols, n in cchunks:
+            if op.mode == "row_gather":
+                mix = [_vector("tensor_scalar", t, 1), _op("gpsimd", "memset", t, cols),
+                       _dma(t, cols, op.itemsize), _dma(t, cols, op.itemsize)]
+            else:
+                mix = [_vector("tensor_scalar", t, 1), _dma(t, cols, op.itemsize)]
+                if op.accumulate:
+                    rmw = _dma(t, cols, 4, "dma_compute")
+                    rmw.bytes = t * cols * op.itemsize * 3
+                    mix += [_matmul(t, t, cols, vdtype), _vector("tensor_copy", t, cols), rmw]
+                else:
+                    mix += [_dma(t, cols, op.itemsize)]
+            groups.append((tiles * n * op.outer, mix))
+    if op.mode == "row_scatter":
+        for vc, m in _chunks(op.outer * op.rows, 128):
+            for cols, n in _chunks(op.inner, op.fill_chunk):
+                groups.append((m * n, [_dma(vc, cols, op.itemsize, hbm_side="shared_hbm")]))
+    return _price(groups, target)
