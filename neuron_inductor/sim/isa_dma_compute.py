@@ -42,7 +42,7 @@ def dma_compute(dst, srcs, reduce_op, scales=None, unique_indices=True, oob_mode
         for s in shape:
             count *= s
         isa.record("dma", "dma_compute", count * len(srcs), count * dst.dtype.itemsize * (len(srcs) + 1), count, 1,
-                   (("dst", dst),))
+                   (("dst", _recordable(dst)),))
 
 
 def _read_modify_write(api, dst, srcs, unique_indices, oob_mode):
@@ -75,6 +75,14 @@ def _read_modify_write(api, dst, srcs, unique_indices, oob_mode):
         gathered = torch.where(keep, gathered, torch.zeros(()))
     rules.element_count(api, dst.data.numel(), gathered.numel())
     isa._write(dst, isa._f32(dst).reshape(-1).add(gathered.reshape(-1)).reshape(dst.data.shape))
+
+
+def _recordable(dst):
+    """dst as a trace operand: an indirect view has no data, so its shape comes from a meta tensor."""
+    if not isinstance(dst, IndirectView):
+        return dst
+    shape = torch.empty(tuple(dst.sizes), device="meta")
+    return tensors.NkiTensor(shape, dst.dtype, dst.buffer, tensors.Allocation(shape), dst.name)
 
 
 def _check_oob(api, valid, oob_mode, bound):

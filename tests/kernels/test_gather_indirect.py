@@ -1,0 +1,177 @@
+"""Row ops by indirect DMA (gather_indirect) at vocabulary sizes 1000 and 128256, the one-hot /
+indirect choice of lowering/row_path.py, and a tiny Llama training step that takes the indirect path.
+
+Tolerances: gathers are exact (DMAs copy bits). Scatter-adds sum in fp32 and round once per token
+tile (dma_compute adds in fp32 and casts to the output dtype), so fp32 results match an fp32
+reference within rtol 1e-5, and bf16 ones the fp32-accumulated reference within 2e-2 relative to
+its magnitude; eager bf16 itself rounds after every add.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+
+import pytest
+import torch
+
+from neuron_inductor import config, runtime, sim
+from neuron_inductor.lowering import row_path
+
+from .harness import DTYPES, aten_graph, assert_close, call_kernel, kernel_for, run_lowered
+
+aten = torch.ops.aten
+F = torch.nn.functional
+
+VOCABS = [1000, 128256]
+# (ids shape, width): token tiles of exactly 128 and a ragged one; widths on and off 128 / 512
+SHAPES = [((2, 128), 128), ((3, 70), 600)]
+
+
+def ids_with_padding_and_duplicates(vocab, shape, padding_idx, generator):
+    ids = torch.randint(0, vocab, shape, generator=generator)
+    flat = ids.view(-1)
+    flat[:6] = vocab - 1               # the last row, six times in one tile
+    flat[6:9] = padding_idx            # padding tokens
+    flat[-3:] = 7                      # and a row repeated in the last tile
+    return ids
+
+
+def paths_for(vocab):
+    # the one-hot kernel at 128256 rows costs minutes in the interpreter; the cost model never picks it
+    return row_path.PATHS if vocab < 10000 else ("indirect",)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("ids_shape,width", SHAPES, ids=str)
+@pytest.mark.parametrize("vocab", VOCABS)
+def test_embedding_forward_and_backward(vocab, ids_shape, width, dtype):
+    generator = torch.Generator().manual_seed(vocab + width)
+    weight = torch.randn(vocab, width, generator=generator).to(dtype)
+    padding_idx = 5
+    ids = ids_with_padding_and_duplicates(vocab, ids_shape, padding_idx, generator)
+    grad = torch.randn(*ids_shape, width, generator=generator).to(dtype)
+    backward = lambda g, i: aten.embedding_dense_backward(g, i, vocab, padding_idx, False)  # noqa: E731
+    reference = aten.embedding_dense_backward(grad.float(), ids, vocab, padding_idx, False).to(dtype)
+    for path in paths_for(vocab):
+        with row_path.forced(path):
+            (out,), (ref,), _ = run_lowered(lambda w, i: F.embedding(i, w, padding_idx), [weight, ids],
+                                            aten.embedding.default)
+            assert torch.equal(out, ref), path
+            (grad_weight,), _, _ = run_lowered(backward, [grad, ids], aten.embedding_dense_backward.default)
+        assert_close(grad_weight, reference)
+        assert not grad_weight[padding_idx].any()
+        assert torch.count_nonzero(grad_weight.float().abs().sum(-1)) == torch.unique(ids[ids != padding_idx]).numel()
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_index_select_and_index_of_a_128256_row_table(dtype):
+    table = torch.randn(128256, 8).to(dtype)
+    ids = torch.tensor([128255, 0, -1, 77, 128255, -128256])
+    (out,), (ref,), _ = run_lowered(lambda t, i: torch.index_select(t, 0, i), [table, ids.abs().clamp(max=128255)],
+                                    aten.index_select.default)
+    assert torch.equal(out, ref)
+    (out,), (ref,), _ = run_lowered(lambda t, i: t[i], [table, ids], aten.index.Tensor)
+    assert torch.equal(out, ref)
+
+
+@pytest.mark.parametrize("path", row_path.PATHS)
+def test_out_of_range_ids_gather_zeros_and_scatter_nothing(path):
+    """Eager raises IndexError for an id outside [-V, V); the kernels (both paths) cannot raise, so a
+    gather returns a zero row and a scatter drops the token."""
+    vocab, width = 300, 16
+    weight, grad = torch.randn(vocab, width), torch.randn(6, width)
+    good = torch.tensor([3, 299, 0, 3, 10, 11])
+    bad = torch.tensor([3, 300, -301, 3, 10**6, -1])
+    with row_path.forced(path):
+        gm = aten_graph(lambda w, i: F.embedding(i, w), weight, good)
+        _, spec, kernel = kernel_for(gm, aten.embedding.default)
+        (out,) = call_kernel(kernel, spec, [weight, bad])
+        gm = aten_graph(lambda g, i: aten.embedding_dense_backward(g, i, vocab, -1, False), grad, good)
+        _, spec, kernel = kernel_for(gm, aten.embedding_dense_backward.default)
+        (grad_weight,) = call_kernel(kernel, spec, [grad, bad])
+    in_range = torch.tensor([True, False, False, True, False, True])
+    expected = torch.zeros(6, width)
+    expected[in_range] = weight[bad[in_range]]
+    assert torch.equal(out, expected)
+    reference = aten.embedding_dense_backward(grad[in_range], bad[in_range] % vocab, vocab, -1, False)
+    assert_close(grad_weight, reference)
+
+
+def test_the_cost_model_picks_one_hot_only_for_tiny_tables(caplog):
+    def family(vocab, tokens, width):
+        gm = aten_graph(lambda w, i: F.embedding(i, w), torch.randn(vocab, width), torch.randint(0, vocab, (tokens,)))
+        node = next(n for n in gm.graph.nodes if n.target is aten.embedding.default)
+        from neuron_inductor.lowering.registry import LOWERINGS
+        return LOWERINGS[node.target](node).family
+
+    with caplog.at_level(logging.INFO, logger=row_path.__name__):
+        assert family(8, 3, 4) == "gather_rows"
+        assert family(1000, 256, 64) == "gather_indirect"
+        assert family(128256, 256, 64) == "gather_indirect"
+        with row_path.forced("onehot"):
+            assert family(1000, 256, 64) == "gather_rows"
+    lines = [r.getMessage() for r in caplog.records]
+    assert "row_gather of 3 ids x [1, 8, 4]: onehot (cost model; one-hot" in lines[0]
+    assert "indirect (cost model" in lines[1] and "onehot (forced" in lines[3]
+    with pytest.raises(ValueError, match="not one of"):
+        with row_path.forced("sorted"):
+            pass
+
+
+@pytest.mark.parametrize("path", row_path.PATHS)
+@pytest.mark.parametrize("mode,vocab,ids_shape,width,dtype", [
+    ("row_gather", 1000, (256,), 64, torch.bfloat16), ("row_gather", 300, (130,), 600, torch.float32),
+    ("row_scatter", 1000, (256,), 64, torch.bfloat16), ("row_scatter", 260, (2, 130), 520, torch.float32),
+], ids=str)
+def test_estimates_track_the_traced_kernels(mode, vocab, ids_shape, width, dtype, path):
+    """row_path prices each template's instruction mix; it must stay within 35% of the cost model's
+    estimate of the kernel's real trace, so that the choice follows the kernels."""
+    ids = torch.randint(0, vocab, ids_shape)
+    if mode == "row_gather":
+        fn, args, op = (lambda w, i: F.embedding(i, w)), [torch.randn(vocab, width).to(dtype), ids], aten.embedding.default
+    else:
+        fn = lambda g, i: aten.embedding_dense_backward(g, i, vocab, -1, False)  # noqa: E731
+        args, op = [torch.randn(*ids_shape, width).to(dtype), ids], aten.embedding_dense_backward.default
+    with row_path.forced(path):
+        gm = aten_graph(fn, *args)
+        _, spec, kernel = kernel_for(gm, op)
+    with sim.trace() as recorded:
+        call_kernel(kernel, spec, args)
+    traced = recorded.estimate("trn2").total_seconds
+    geometry = row_path.RowOp(mode, spec.params["outer"], vocab, width, ids.numel(), dtype.itemsize,
+                              spec.params["table_kind"], True, 512,
+                              4096 if mode == "row_gather" else 512, 4096)
+    predicted = (row_path.estimate_onehot if path == "onehot" else row_path.estimate_indirect)(geometry)
+    assert abs(predicted - traced) <= 0.35 * traced, (predicted, traced)
+
+
+def test_tiny_llama_step_takes_the_indirect_path_and_matches_eager(tmp_path):
+    """A training step (forward and backward) compiled with fallback="error": the embedding and its
+    backward run as gather_indirect kernels (vocab 1000), loss and gradients match eager."""
+    from neuron_inductor.testing import TinyLlama, TinyLlamaConfig
+
+    llama = TinyLlamaConfig(vocab_size=1000, dim=64, n_layers=1, n_heads=4, n_kv_heads=2, ffn_dim=96)
+    torch.manual_seed(0)
+    eager = TinyLlama(llama)
+    model = copy.deepcopy(eager)
+    ids = torch.randint(0, llama.vocab_size, (2, 48), generator=torch.Generator().manual_seed(1))
+    ids[0, :4] = 17  # repeated tokens accumulate in the embedding's gradient
+    first = len(runtime.COMPILED_PROGRAMS)
+    torch._dynamo.reset()
+    try:
+        with config.patch(fallback="error", cache_dir=str(tmp_path)):
+            loss = torch.compile(model, backend="neuron")(ids, ids)
+            loss.backward()
+    finally:
+        torch._dynamo.reset()
+    reference = eager(ids, ids)
+    reference.backward()
+    torch.testing.assert_close(loss, reference, rtol=1e-4, atol=1e-5)
+    for (name, p), (_, q) in zip(model.named_parameters(), eager.named_parameters()):
+        scale = q.grad.abs().max().clamp_min(1e-6)
+        torch.testing.assert_close(p.grad / scale, q.grad / scale, rtol=1e-4, atol=1e-5, msg=name)
+    kernels = [k for p in runtime.COMPILED_PROGRAMS[first:] for k in p["artifact"].meta["kernels"]]
+    families = {op: k["name"].split("_", 1)[1] for k in kernels for op in k["ops"]}
+    assert families["aten.embedding.default"] == "gather_indirect"
+    assert families["aten.embedding_dense_backward.default"] == "gather_indirect"
