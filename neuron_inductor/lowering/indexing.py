@@ -1,24 +1,34 @@
-"""Indexing (families `gather_rows`, `gather_lanes`, `gather_columns`, one template per kernel
-shape): row gathers and scatter-adds through one-hot matmuls, and gathers / scatters along the
-last dim (lanes) or another dim (columns) through lane masks.
+"""Indexing (families `gather_indirect`, `gather_rows`, `gather_lanes`, `gather_columns`, one
+template per kernel shape): row gathers and scatters by indirect DMA or one-hot matmuls, and
+gathers / scatters along the last dim (lanes) or another dim (columns) through lane masks.
 
 Row ops (`mode` "row_gather" / "row_scatter"): embedding, index_select, index.Tensor with integer
 index tensors on consecutive dims (broadcast against each other), embedding_dense_backward,
 index_put with integer indices on consecutive dims (the static KV cache's write at dim 2 of
 [B, H, S, D]). The kernel views the table as [outer, rows, inner] (the dims before, at and after the
 indexed ones; several indexed dims flatten into one row number, sum(index_k * stride_k)) and the
-result as [outer, *ids, inner], and handles one outer index at a time. On hardware a row gather is
-an indirect DMA (`dma_copy` with `.ap(vector_offset=...)`); our interpreter has no indirect DMA, so
-the kernels use the TensorE formulation instead, which is exact and runs unchanged on the device
-but costs O(rows) per token tile -- right for small tables, not for 100k-row vocabularies:
-  gather:       out[T, I]  = onehot(ids)[T, V] @ W[V, I]    (one-hot built transposed, [V, T])
-  scatter-add:  dW[V, I]  += onehot(ids)^T[V, T] @ dY[T, I]  (duplicates accumulate in PSUM)
-Gathers and replacing scatters move W's / the values' bits through the matmul (TABLE_KINDS), so no
-0 * inf happens; a scatter-add multiplies the values themselves, so an inf / NaN in dY still turns
-the other rows of its column into NaN.
-Integer and bool tables are gathered exactly too. Token ids are compared in fp32
-(exact below 2**24). Negative ids count back from the end of their dim, as in eager; out-of-range
-ids match no row: a gather returns zeros and a scatter drops the row (PyTorch raises).
+result as [outer, *ids, inner]. Negative ids count back from the end of their dim, as in eager.
+Each row op takes one of two formulations; `row_path.choose` picks the one the cost model says is
+cheaper, and logs both estimates:
+
+- `gather_indirect` (any table size): a gather is an indirect DMA, `dma_copy` from
+  `table.ap(vector_offset=row numbers)`, which copies bits (exact for every dtype, inf / NaN
+  included). A scatter first writes zeros (or base) to the whole output, then per token tile
+  merges duplicate rows on chip (a [tokens, tokens] same-row mask) so that each indirect write
+  names a row once, as dma_compute requires: a scatter-add adds the merged sums (mask @ values in
+  fp32 PSUM) with `dma_compute`, a replacing scatter writes the last value of each row with
+  `dma_copy` (the last write wins, as in eager's sequential index_put on the CPU).
+- `gather_rows` (tiny tables): the TensorE formulation, O(rows) per token tile:
+    gather:       out[T, I]  = onehot(ids)[T, V] @ W[V, I]    (one-hot built transposed, [V, T])
+    scatter-add:  dW[V, I]  += onehot(ids)^T[V, T] @ dY[T, I]  (duplicates accumulate in PSUM)
+  Gathers and replacing scatters move W's / the values' bits through the matmul (TABLE_KINDS), so
+  no 0 * inf happens; a scatter-add multiplies the values themselves, so an inf / NaN in dY still
+  turns the other rows of its column into NaN. Token ids are compared in fp32 (exact below 2**24).
+
+Out-of-range ids (outside [-size, size)) cannot raise inside a kernel: on both paths they match
+no row, so a gather returns zeros and a scatter drops the token (PyTorch raises IndexError). With
+several index tensors each one is checked against its own dim (an id out of range in one index
+makes the row number negative rather than naming another row).
 
 Lane ops (`mode` "lane_gather" / "lane_scatter"): gather / scatter.value / scatter.src /
 scatter_add along the last dim of a tensor of rank >= 2 with an index of the same leading shape
@@ -53,8 +63,6 @@ aten = torch.ops.aten
 
 # lanes per tile of a lane op: up to eight [rows, lanes] fp32 tiles are live at once
 LANE_FMAX = FREE_MAX // 4
-# columns per indirect DMA of gather_indirect (one [tokens, columns] tile, 16 KiB of fp32 per partition)
-INDIRECT_FMAX = FREE_MAX // 2
 
 
 # How a row gather moves each table dtype through its fp32 one-hot matmul, exactly (a product
@@ -128,9 +136,7 @@ def _row_path(mode: str, table: torch.Tensor, first: int, indices: list[torch.Te
     params = _row_params(mode, table, first, indices)
     tokens = math.prod(torch.broadcast_shapes(*(i.shape for i in indices))) or 1
     op = row_path.RowOp(mode, params["outer"], params["rows"], params["inner"], tokens, table.element_size(),
-                        params["table_kind"], accumulate, onehot_chunk=PSUM_FMAX,
-                        indirect_chunk=INDIRECT_FMAX if mode == "row_gather" or not accumulate else PSUM_FMAX,
-                        fill_chunk=INDIRECT_FMAX)
+                        params["table_kind"], accumulate)
     choice = row_path.choose(op)
     if choice.path == "indirect":
         params = _row_params(mode, table, first, indices, op.indirect_chunk)

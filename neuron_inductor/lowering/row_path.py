@@ -26,10 +26,13 @@ from typing import Iterator
 
 from .. import sim
 from ..sim.tracing import Operand
+from .reduction import EXACT_INT_LIMIT, FREE_MAX, PSUM_FMAX
 
 log = logging.getLogger(__name__)
 
 PATHS = ("onehot", "indirect")
+# columns per indirect DMA of gather_indirect (one [tokens, columns] tile, 16 KiB of fp32 per partition)
+INDIRECT_FMAX = FREE_MAX // 2
 FAMILIES = {"onehot": "gather_rows", "indirect": "gather_indirect"}
 
 _forced: list[str] = []
@@ -59,9 +62,14 @@ class RowOp:
     itemsize: int           # bytes of a table / values element
     table_kind: str         # gather_rows' TABLE_KINDS entry
     accumulate: bool = True
-    onehot_chunk: int = 512     # column chunk of gather_rows (one PSUM bank)
-    indirect_chunk: int = 512   # column chunk of gather_indirect
-    fill_chunk: int = 512       # column chunk of gather_indirect's zero / base fill
+
+    onehot_chunk = PSUM_FMAX    # column chunk of gather_rows (its matmuls write one PSUM bank)
+    fill_chunk = INDIRECT_FMAX  # column chunk of gather_indirect's zero / base fill
+
+    @property
+    def indirect_chunk(self) -> int:
+        """Column chunk of gather_indirect: a scatter-add merges duplicates by a matmul into one PSUM bank."""
+        return PSUM_FMAX if self.mode == "row_scatter" and self.accumulate else INDIRECT_FMAX
 
     def describe(self) -> str:
         return f"{self.mode} of {self.tokens} ids x [{self.outer}, {self.rows}, {self.inner}]"
@@ -78,7 +86,10 @@ class Choice:
 def choose(op: RowOp, target=None) -> Choice:
     """The cheaper path for `op` by the cost model (or the forced one), logged with both estimates."""
     seconds = {"onehot": estimate_onehot(op, target), "indirect": estimate_indirect(op, target)}
-    if _forced:
+    if op.outer * op.rows >= EXACT_INT_LIMIT:
+        # gather_indirect computes row numbers (outer index * rows + id) in fp32
+        path, reason = "onehot", f"{op.outer * op.rows} rows of the flattened table exceed fp32's exact integers"
+    elif _forced:
         path, reason = _forced[-1], "forced"
     else:
         path = min(PATHS, key=lambda p: (seconds[p], p != "indirect"))

@@ -96,6 +96,16 @@ def test_out_of_range_ids_gather_zeros_and_scatter_nothing(path):
     assert torch.equal(out, expected)
     reference = aten.embedding_dense_backward(grad[in_range], bad[in_range] % vocab, vocab, -1, False)
     assert_close(grad_weight, reference)
+    # two indices: an id outside its own dim names no row, even where the flattened number would
+    table, rows = torch.randn(4, 5, 3), torch.tensor([1, 0, 3, -1])
+    columns_ok, columns = torch.tensor([2, 4, 0, 1]), torch.tensor([2, 5, -6, 1])
+    with row_path.forced(path):
+        gm = aten_graph(lambda t, i, j: t[i, j], table, rows, columns_ok)
+        _, spec, kernel = kernel_for(gm, aten.index.Tensor)
+        (out,) = call_kernel(kernel, spec, [table, rows, columns])
+    expected = torch.zeros(4, 3)
+    expected[[0, 3]] = table[[1, -1], [2, 1]]
+    assert torch.equal(out, expected)
 
 
 def test_the_cost_model_picks_one_hot_only_for_tiny_tables(caplog):
@@ -140,8 +150,7 @@ def test_estimates_track_the_traced_kernels(mode, vocab, ids_shape, width, dtype
         call_kernel(kernel, spec, args)
     traced = recorded.estimate("trn2").total_seconds
     geometry = row_path.RowOp(mode, spec.params["outer"], vocab, width, ids.numel(), dtype.itemsize,
-                              spec.params["table_kind"], True, 512,
-                              4096 if mode == "row_gather" else 512, 4096)
+                              spec.params["table_kind"])
     predicted = (row_path.estimate_onehot if path == "onehot" else row_path.estimate_indirect)(geometry)
     assert abs(predicted - traced) <= 0.35 * traced, (predicted, traced)
 
