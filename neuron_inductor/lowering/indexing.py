@@ -37,7 +37,11 @@ partitions; each index column becomes an int32 lane mask (all ones where `iota =
 the free axis, and values move as their fp32 bits under it: a gather sums x's masked bits (the
 indexed lane's value plus +0.0s), a scatter bit-selects the new value into its lanes. Infinities
 and NaN therefore land exactly where eager puts them and never spread along the row (0 * inf
-never happens). A gathered -0.0 may come back as +0.0.
+never happens). A gathered -0.0 may come back as +0.0. A gather along the last dim may instead
+take `gather_indirect` (row_path decides by the cost model; it wins for all but tiny widths): x is
+viewed as one-element rows and each index column is one indirect DMA of the elements r * C + index
+(exact bits, -0.0 kept); an index outside [0, C) reads nothing and gives 0 on both paths, where
+eager raises.
 
 Column ops (`mode` "column_gather" / "column_scatter"): the same along any other dim, with an
 index matching the input in every other dim. x is viewed as [outer, size, inner]: the indexed dim
@@ -55,14 +59,13 @@ import torch.fx as fx
 
 from .common import arg, float32_bits, val
 from .ir import KernelSpec, Unsupported
-from .reduction import EXACT_INT_LIMIT, FREE_MAX, PSUM_FMAX, walk_dims
+from .reduction import EXACT_INT_LIMIT, PSUM_FMAX, walk_dims
 from . import row_path
 from .registry import register_lowering
 
 aten = torch.ops.aten
 
-# lanes per tile of a lane op: up to eight [rows, lanes] fp32 tiles are live at once
-LANE_FMAX = FREE_MAX // 4
+LANE_FMAX = row_path.LANE_FMAX  # lanes per tile of a lane op
 
 
 # How a row gather moves each table dtype through its fp32 one-hot matmul, exactly (a product
@@ -254,6 +257,12 @@ def _lane_spec(node: fx.Node, mode: str, x: fx.Node, dim, index: fx.Node, src=No
     if xv.numel() == 0 or iv.numel() == 0:
         raise Unsupported(f"{mode} of an empty tensor")
     width = index_shape[dim]
+    if mode == "lane_gather" and rank >= 2 and dim == rank - 1:
+        rows = math.prod(shape[:-1])
+        op = row_path.RowOp("lane_gather", rows, shape[-1], 1, width, xv.element_size(), "")
+        if row_path.choose(op).path == "indirect":
+            params = {"mode": mode, "rows_total": rows, "lanes": shape[-1], "index_width": width}
+            return KernelSpec("gather_indirect", params, [x, index], [node])
     if rank >= 2 and dim == rank - 1:
         params = {"mode": mode, "dims": _token_dims(shape[:-1], shape[-1], LANE_FMAX)}
     else:

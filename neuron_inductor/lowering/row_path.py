@@ -28,9 +28,13 @@ from .. import sim
 from ..sim.tracing import Operand
 from .reduction import EXACT_INT_LIMIT, FREE_MAX, PSUM_FMAX
 
+# lanes per tile of gather_lanes: up to eight [rows, lanes] fp32 tiles are live at once
+LANE_FMAX = FREE_MAX // 4
+
 log = logging.getLogger(__name__)
 
 PATHS = ("onehot", "indirect")
+INT32_LIMIT = 2**31
 # columns per indirect DMA of gather_indirect (one [tokens, columns] tile, 16 KiB of fp32 per partition)
 INDIRECT_FMAX = FREE_MAX // 2
 FAMILIES = {"onehot": "gather_rows", "indirect": "gather_indirect"}
@@ -54,11 +58,11 @@ def forced(path: str) -> Iterator[None]:
 class RowOp:
     """What the estimates need of a row op (sizes in elements; the table is [outer, rows, inner])."""
 
-    mode: str               # "row_gather" | "row_scatter"
-    outer: int
-    rows: int
-    inner: int
-    tokens: int             # ids per outer index
+    mode: str               # "row_gather" | "row_scatter" | "lane_gather" (gather along the last dim)
+    outer: int              # (lane_gather: the rows R of x [R, C])
+    rows: int               # (lane_gather: the lanes C)
+    inner: int              # (lane_gather: 1)
+    tokens: int             # ids per outer index (lane_gather: the index width K)
     itemsize: int           # bytes of a table / values element
     table_kind: str         # gather_rows' TABLE_KINDS entry
     accumulate: bool = True
@@ -86,9 +90,10 @@ class Choice:
 def choose(op: RowOp, target=None) -> Choice:
     """The cheaper path for `op` by the cost model (or the forced one), logged with both estimates."""
     seconds = {"onehot": estimate_onehot(op, target), "indirect": estimate_indirect(op, target)}
-    if op.outer * op.rows >= EXACT_INT_LIMIT:
-        # gather_indirect computes row numbers (outer index * rows + id) in fp32
-        path, reason = "onehot", f"{op.outer * op.rows} rows of the flattened table exceed fp32's exact integers"
+    limit = INT32_LIMIT if op.mode == "lane_gather" else EXACT_INT_LIMIT
+    if op.outer * op.rows >= limit:
+        # gather_indirect computes row numbers (outer index * rows + id) in fp32 (int32 for lane gathers)
+        path, reason = "onehot", f"{op.outer * op.rows} rows of the flattened table exceed its exact integers"
     elif _forced:
         path, reason = _forced[-1], "forced"
     else:
@@ -179,8 +184,43 @@ def _onehot_join_ops(kind: str, t: int, cols: int) -> list:
     return [_scalar(t, cols)] if kind == "bits16" else [_vector("tensor_copy", t, cols)]
 
 
+def _lane_masks(op: RowOp, target) -> float:
+    """gather_lanes' lane_gather: per row tile and lane chunk, one mask, AND and sum per index column."""
+    groups = []
+    chunks = _chunks(op.rows, LANE_FMAX)
+    for t, tiles in _tiles(op.outer):
+        groups.append((tiles, [_dma(t, op.tokens, 4), _vector("tensor_copy", t, op.tokens),
+                               _vector("tensor_copy", t, op.tokens), _dma(t, op.tokens, op.itemsize)]))
+        for cols, n in chunks:
+            mix = [_dma(t, cols, op.itemsize)] + ([_vector("tensor_copy", t, cols)] if op.itemsize != 4 else [])
+            if n > 1 or len(chunks) > 1:
+                mix += [_vector("tensor_scalar", t, cols)]
+            mix += [ins for _ in range(op.tokens) for ins in (
+                _vector("tensor_scalar", t, cols), _op("gpsimd", "tensor_tensor", t, cols, ("int32",)),
+                _vector("tensor_reduce", t, cols))]
+            groups.append((tiles * n, mix))
+    return _price(groups, target)
+
+
+def _lane_elements(op: RowOp, target) -> float:
+    """gather_indirect's lane_gather: one element-row DMA per index column and row tile."""
+    groups = []
+    for t, tiles in _tiles(op.outer):
+        k = op.tokens
+        mix = [_dma(t, k, 4), _vector("tensor_copy", t, k), _vector("tensor_scalar", t, k),
+               _vector("tensor_scalar", t, k), _vector("tensor_tensor", t, k), _vector("tensor_copy", t, k),
+               _vector("tensor_scalar", t, k), _op("gpsimd", "iota", t, 1), _op("gpsimd", "memset", t, k),
+               _dma(t, k, op.itemsize)]
+        mix += [ins for _ in range(k) for ins in ([_op("gpsimd", "tensor_tensor", t, 1, ("int32",))] * 3
+                                                  + [_dma(t, 1, op.itemsize)])]
+        groups.append((tiles, mix))
+    return _price(groups, target)
+
+
 def estimate_onehot(op: RowOp, target=None) -> float:
-    """gather_rows (codegen_templates/gather_rows.py.j2)."""
+    """gather_rows (codegen_templates/gather_rows.py.j2); for a lane gather, gather_lanes' masks."""
+    if op.mode == "lane_gather":
+        return _lane_masks(op, target)
     groups = []
     vchunks = _chunks(op.rows, 128)
     cchunks = _chunks(op.inner, op.onehot_chunk)
@@ -216,6 +256,8 @@ def estimate_onehot(op: RowOp, target=None) -> float:
 
 def estimate_indirect(op: RowOp, target=None) -> float:
     """gather_indirect (codegen_templates/gather_indirect.py.j2)."""
+    if op.mode == "lane_gather":
+        return _lane_elements(op, target)
     groups = []
     cchunks = _chunks(op.inner, op.indirect_chunk)
     vdtype = _DTYPES.get(op.itemsize, "float32")

@@ -1,5 +1,6 @@
-"""Row ops by indirect DMA (gather_indirect) at vocabulary sizes 1000 and 128256, the one-hot /
-indirect choice of lowering/row_path.py, and a tiny Llama training step that takes the indirect path.
+"""Row ops and last-dim gathers by indirect DMA (gather_indirect) at vocabulary sizes 1000 and
+128256, the one-hot / indirect choice of lowering/row_path.py, and a tiny Llama training step that
+takes the indirect path.
 
 Tolerances: gathers are exact (DMAs copy bits). Scatter-adds sum in fp32 and round once per token
 tile (dma_compute adds in fp32 and casts to the output dtype), so fp32 results match an fp32
@@ -77,8 +78,9 @@ def test_index_select_and_index_of_a_128256_row_table(dtype):
 
 @pytest.mark.parametrize("path", row_path.PATHS)
 def test_out_of_range_ids_gather_zeros_and_scatter_nothing(path):
-    """Eager raises IndexError for an id outside [-V, V); the kernels (both paths) cannot raise, so a
-    gather returns a zero row and a scatter drops the token."""
+    """Eager raises IndexError for an id outside [-V, V) (for gather: outside [0, C)); the kernels
+    (both paths) cannot raise, so a gather returns a zero row (zero element) and a scatter drops the
+    token."""
     vocab, width = 300, 16
     weight, grad = torch.randn(vocab, width), torch.randn(6, width)
     good = torch.tensor([3, 299, 0, 3, 10, 11])
@@ -90,6 +92,13 @@ def test_out_of_range_ids_gather_zeros_and_scatter_nothing(path):
         gm = aten_graph(lambda g, i: aten.embedding_dense_backward(g, i, vocab, -1, False), grad, good)
         _, spec, kernel = kernel_for(gm, aten.embedding_dense_backward.default)
         (grad_weight,) = call_kernel(kernel, spec, [grad, bad])
+    logits = torch.randn(6, vocab)
+    with row_path.forced(path):
+        gm = aten_graph(lambda t, i: torch.gather(t, -1, i), logits, good[:, None])
+        _, spec, kernel = kernel_for(gm, aten.gather.default)
+        (lanes,) = call_kernel(kernel, spec, [logits, bad[:, None]])
+    # (gather has no negative indices: -1 is out of range too)
+    assert lanes.flatten().tolist() == [logits[0, 3].item(), 0.0, 0.0, logits[3, 3].item(), 0.0, 0.0]
     in_range = torch.tensor([True, False, False, True, False, True])
     expected = torch.zeros(6, width)
     expected[in_range] = weight[bad[in_range]]
@@ -106,6 +115,25 @@ def test_out_of_range_ids_gather_zeros_and_scatter_nothing(path):
     expected = torch.zeros(4, 3)
     expected[[0, 3]] = table[[1, -1], [2, 1]]
     assert torch.equal(out, expected)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rows,k", [(128, 1), (130, 3)])
+@pytest.mark.parametrize("vocab", VOCABS)
+def test_gather_along_the_vocabulary(vocab, rows, k, dtype):
+    """gather(log_probs, -1, labels[..., None]) (cross-entropy, TRL's per-token log-probs): exact,
+    -0.0 and non-finite values included, on both paths at vocab 1000 and indirect at 128256."""
+    generator = torch.Generator().manual_seed(vocab + rows)
+    x = torch.randn(rows, vocab, generator=generator).to(dtype)
+    x[0, :3] = torch.tensor([float("inf"), float("nan"), -0.0]).to(dtype)
+    index = torch.randint(0, vocab, (rows, k), generator=generator)
+    index[0, 0], index[1, 0], index[2, 0] = 1, 2, vocab - 1
+    for path in paths_for(vocab):
+        with row_path.forced(path):
+            (out,), (ref,), _ = run_lowered(lambda t, i: torch.gather(t, -1, i), [x, index], aten.gather.default)
+        torch.testing.assert_close(out, ref, rtol=0, atol=0, equal_nan=True)
+        if path == "indirect":  # (the lane masks' sum of bits turns -0.0 into +0.0)
+            assert torch.equal(out.signbit(), ref.signbit())
 
 
 def test_the_cost_model_picks_one_hot_only_for_tiny_tables(caplog):
@@ -133,6 +161,7 @@ def test_the_cost_model_picks_one_hot_only_for_tiny_tables(caplog):
 @pytest.mark.parametrize("mode,vocab,ids_shape,width,dtype", [
     ("row_gather", 1000, (256,), 64, torch.bfloat16), ("row_gather", 300, (130,), 600, torch.float32),
     ("row_scatter", 1000, (256,), 64, torch.bfloat16), ("row_scatter", 260, (2, 130), 520, torch.float32),
+    ("lane_gather", 9000, (130, 2), 1, torch.bfloat16), ("lane_gather", 1000, (256, 1), 1, torch.float32),
 ], ids=str)
 def test_estimates_track_the_traced_kernels(mode, vocab, ids_shape, width, dtype, path):
     """row_path prices each template's instruction mix; it must stay within 35% of the cost model's
@@ -140,6 +169,9 @@ def test_estimates_track_the_traced_kernels(mode, vocab, ids_shape, width, dtype
     ids = torch.randint(0, vocab, ids_shape)
     if mode == "row_gather":
         fn, args, op = (lambda w, i: F.embedding(i, w)), [torch.randn(vocab, width).to(dtype), ids], aten.embedding.default
+    elif mode == "lane_gather":
+        fn, op = (lambda t, i: torch.gather(t, -1, i)), aten.gather.default
+        args = [torch.randn(ids_shape[0], vocab).to(dtype), ids]
     else:
         fn = lambda g, i: aten.embedding_dense_backward(g, i, vocab, -1, False)  # noqa: E731
         args, op = [torch.randn(*ids_shape, width).to(dtype), ids], aten.embedding_dense_backward.default
@@ -149,8 +181,11 @@ def test_estimates_track_the_traced_kernels(mode, vocab, ids_shape, width, dtype
     with sim.trace() as recorded:
         call_kernel(kernel, spec, args)
     traced = recorded.estimate("trn2").total_seconds
-    geometry = row_path.RowOp(mode, spec.params["outer"], vocab, width, ids.numel(), dtype.itemsize,
-                              spec.params["table_kind"])
+    if mode == "lane_gather":
+        geometry = row_path.RowOp(mode, ids_shape[0], vocab, 1, ids_shape[1], dtype.itemsize, "")
+    else:
+        geometry = row_path.RowOp(mode, spec.params["outer"], vocab, width, ids.numel(), dtype.itemsize,
+                                  spec.params["table_kind"])
     predicted = (row_path.estimate_onehot if path == "onehot" else row_path.estimate_indirect)(geometry)
     assert abs(predicted - traced) <= 0.35 * traced, (predicted, traced)
 

@@ -28,8 +28,8 @@ F = torch.nn.functional
 
 @pytest.fixture(params=row_path.PATHS)
 def path(request):
-    """Row-op tests run on both formulations: one-hot matmuls (gather_rows) and indirect DMA
-    (gather_indirect)."""
+    """Row-op and last-dim gather tests run on both formulations: one-hot matmuls / lane masks
+    (gather_rows, gather_lanes) and indirect DMA (gather_indirect)."""
     with row_path.forced(request.param):
         yield request.param
 
@@ -95,7 +95,7 @@ def test_index_put(accumulate, dtype, path):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("shape,k", [((130, 50), 1), ((4, 3, 9000), 2), ((7, 1), 1)], ids=str)
-def test_gather_last_dim(shape, k, dtype):
+def test_gather_last_dim(shape, k, dtype, path):
     x = torch.randn(shape, dtype=dtype)
     index = torch.randint(0, shape[-1], (*shape[:-1], k))
     (out,), (ref,), _ = run_lowered(lambda t, i: torch.gather(t, -1, i), [x, index], aten.gather.default)
@@ -155,7 +155,7 @@ def test_scatter_of_a_non_finite_value(shape, k, value, dtype):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("shape,k", [((130, 50), 2), ((3, 9000), 3)], ids=str)
-def test_lane_ops_move_non_finite_values_exactly(shape, k, dtype):
+def test_lane_ops_move_non_finite_values_exactly(shape, k, dtype, path):
     """Gathered and scattered +-inf / NaN stay on their lanes: no 0 * inf turns a row into NaN."""
     x = with_non_finite_lanes(shape, dtype)
     index = distinct_lanes(shape, k)
