@@ -20,6 +20,7 @@ import torch
 
 from neuron_inductor import sim
 from neuron_inductor.lowering import row_path
+from neuron_inductor.lowering.context import LoweringContext
 
 try:
     from bench.kernels import TARGET, BenchCase, _randn, format_table, run_case
@@ -81,7 +82,8 @@ def main(argv: list[str]) -> int:
     for path, total in totals.items():
         print(f"embedding fwd+bwd, {path}: {total:.1f}us")
     for mode in ("row_gather", "row_scatter"):
-        op = row_path.RowOp(mode, 1, args.vocab, args.dim, args.tokens, itemsize, "bits16" if itemsize == 2 else "bits32")
+        op = row_path.RowOp(mode, 1, args.vocab, args.dim, args.tokens, itemsize, "bits16" if itemsize == 2 else "bits32",
+                            LoweringContext.for_target(TARGET).tile)
         choice = row_path.choose(op, TARGET)
         print(f"{mode}: the cost model picks {choice.path} (one-hot {choice.seconds['onehot'] * 1e6:.1f}us, "
               f"indirect {choice.seconds['indirect'] * 1e6:.1f}us)")

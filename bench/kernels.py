@@ -29,6 +29,7 @@ from neuron_inductor import sim
 from neuron_inductor.codegen.kernel_args import kernel_argument
 from neuron_inductor.codegen.render import render_kernel
 from neuron_inductor.decompositions import neuron_decompositions
+from neuron_inductor.lowering.context import LoweringContext
 from neuron_inductor.lowering.registry import LOWERINGS, load_lowerings
 
 aten = torch.ops.aten
@@ -96,9 +97,10 @@ def run_case(case: BenchCase) -> Row:
     fn, args = case.build()
     gm = make_fx(fn, decomposition_table=neuron_decompositions(), pre_dispatch=case.pre_dispatch)(*args)
     node = next(n for n in gm.graph.nodes if n.target is case.op)
-    spec = LOWERINGS[node.target](node)
+    ctx = LoweringContext.for_target(TARGET)
+    spec = LOWERINGS[node.target](ctx, node)
     spec.name = f"k0_{spec.family}"
-    kernel = sim.load_kernels(render_kernel(spec), f"{spec.name}.py")[spec.name]
+    kernel = sim.load_kernels(render_kernel(spec, ctx), f"{spec.name}.py")[spec.name]
     values = _node_values(gm, args)
     inputs = [kernel_argument(values[n]) for n in spec.inputs]
     start = time.perf_counter()

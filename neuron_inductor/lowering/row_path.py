@@ -26,7 +26,8 @@ from typing import Iterator
 
 from .. import sim
 from ..sim.tracing import Operand
-from .reduction import EXACT_INT_LIMIT, FREE_MAX, PSUM_FMAX
+from .context import TileSizes
+from .reduction import EXACT_INT_LIMIT, FREE_MAX
 
 # lanes per tile of gather_lanes: up to eight [rows, lanes] fp32 tiles are live at once
 LANE_FMAX = FREE_MAX // 4
@@ -65,15 +66,28 @@ class RowOp:
     tokens: int             # ids per outer index (lane_gather: the index width K)
     itemsize: int           # bytes of a table / values element
     table_kind: str         # gather_rows' TABLE_KINDS entry
+    tile: TileSizes         # the target's tile sizes (LoweringContext.tile)
     accumulate: bool = True
 
-    onehot_chunk = PSUM_FMAX    # column chunk of gather_rows (its matmuls write one PSUM bank)
     fill_chunk = INDIRECT_FMAX  # column chunk of gather_indirect's zero / base fill
+
+    @property
+    def partitions(self) -> int:
+        return self.tile.partitions
+
+    @property
+    def psum_fmax(self) -> int:
+        return self.tile.psum_fmax
+
+    @property
+    def onehot_chunk(self) -> int:
+        """Column chunk of gather_rows: its matmuls write one PSUM bank."""
+        return self.psum_fmax
 
     @property
     def indirect_chunk(self) -> int:
         """Column chunk of gather_indirect: a scatter-add merges duplicates by a matmul into one PSUM bank."""
-        return PSUM_FMAX if self.mode == "row_scatter" and self.accumulate else INDIRECT_FMAX
+        return self.psum_fmax if self.mode == "row_scatter" and self.accumulate else INDIRECT_FMAX
 
     def describe(self) -> str:
         return f"{self.mode} of {self.tokens} ids x [{self.outer}, {self.rows}, {self.inner}]"
@@ -141,13 +155,8 @@ def _ids(t: int, extra: int) -> list:
             _vector("tensor_tensor", 1, t)] + [_vector("tensor_scalar", t, 1) for _ in range(extra)]
 
 
-def _tiles(tokens: int):
-    """(tile size, count) pairs of a walk of `tokens` ids in tiles of 128."""
-    full, rest = divmod(tokens, 128)
-    return [(128, full)] * bool(full) + [(rest, 1)] * bool(rest)
-
-
 def _chunks(extent: int, chunk: int):
+    """(chunk size, count) pairs of a walk of `extent` in chunks of `chunk` (a ragged last one)."""
     full, rest = divmod(extent, chunk)
     return [(chunk, full)] * bool(full) + [(rest, 1)] * bool(rest)
 
@@ -167,15 +176,15 @@ def _price(groups, target) -> float:
     return (max(busy.values()) if busy else 0.0) + fixed
 
 
-def _onehot_table_ops(kind: str, vc: int, cols: int, itemsize: int) -> list:
-    """gather_rows' bits_matmul on one [vc, cols] table chunk (fp32 one-hot, fp32 moving bits)."""
+def _onehot_table_ops(kind: str, vc: int, t: int, cols: int, itemsize: int) -> list:
+    """gather_rows' bits_matmul on one [vc, cols] table chunk for t tokens (fp32 one-hot, fp32 moving bits)."""
     load = _dma(vc, cols, itemsize)
     if kind == "bits32":
         return [load, _vector("tensor_scalar", vc, cols), _vector("tensor_scalar", vc, cols),
-                _scalar(vc, cols), _scalar(vc, cols), _matmul(vc, 128, cols), _matmul(vc, 128, cols)]
+                _scalar(vc, cols), _scalar(vc, cols), _matmul(vc, t, cols), _matmul(vc, t, cols)]
     if kind == "bits16":
-        return [load, _scalar(vc, cols), _matmul(vc, 128, cols)]
-    return [load, _matmul(vc, 128, cols)]
+        return [load, _scalar(vc, cols), _matmul(vc, t, cols)]
+    return [load, _matmul(vc, t, cols)]
 
 
 def _onehot_join_ops(kind: str, t: int, cols: int) -> list:
@@ -188,7 +197,7 @@ def _lane_masks(op: RowOp, target) -> float:
     """gather_lanes' lane_gather: per row tile and lane chunk, one mask, AND and sum per index column."""
     groups = []
     chunks = _chunks(op.rows, LANE_FMAX)
-    for t, tiles in _tiles(op.outer):
+    for t, tiles in _chunks(op.outer, op.partitions):
         groups.append((tiles, [_dma(t, op.tokens, 4), _vector("tensor_copy", t, op.tokens),
                                _vector("tensor_copy", t, op.tokens), _dma(t, op.tokens, op.itemsize)]))
         for cols, n in chunks:
@@ -205,7 +214,7 @@ def _lane_masks(op: RowOp, target) -> float:
 def _lane_elements(op: RowOp, target) -> float:
     """gather_indirect's lane_gather: one element-row DMA per index column and row tile."""
     groups = []
-    for t, tiles in _tiles(op.outer):
+    for t, tiles in _chunks(op.outer, op.partitions):
         k = op.tokens
         mix = [_dma(t, k, 4), _vector("tensor_copy", t, k), _vector("tensor_scalar", t, k),
                _vector("tensor_scalar", t, k), _vector("tensor_tensor", t, k), _vector("tensor_copy", t, k),
@@ -222,16 +231,16 @@ def estimate_onehot(op: RowOp, target=None) -> float:
     if op.mode == "lane_gather":
         return _lane_masks(op, target)
     groups = []
-    vchunks = _chunks(op.rows, 128)
+    vchunks = _chunks(op.rows, op.partitions)
     cchunks = _chunks(op.inner, op.onehot_chunk)
     vdtype = _DTYPES.get(op.itemsize, "float32")
-    for t, tiles in _tiles(op.tokens):
+    for t, tiles in _chunks(op.tokens, op.partitions):
         if op.mode == "row_gather":
-            per_tile = _ids(t, 0) + [_matmul(1, 128, t)]
+            per_tile = _ids(t, 0) + [_matmul(1, op.partitions, t)]
             per_tile += [_vector("tensor_scalar", vc, t) for vc, n in vchunks for _ in range(n)]
             groups.append((tiles, per_tile))
             for cols, n in cchunks:
-                table = [ins for vc, m in vchunks for _ in range(m) for ins in _onehot_table_ops(op.table_kind, vc, cols, op.itemsize)]
+                table = [ins for vc, m in vchunks for _ in range(m) for ins in _onehot_table_ops(op.table_kind, vc, t, cols, op.itemsize)]
                 store = _onehot_join_ops(op.table_kind, t, cols) + [_dma(t, cols, op.itemsize)]
                 groups.append((tiles * n * op.outer, table + store))
         else:
@@ -261,7 +270,7 @@ def estimate_indirect(op: RowOp, target=None) -> float:
     groups = []
     cchunks = _chunks(op.inner, op.indirect_chunk)
     vdtype = _DTYPES.get(op.itemsize, "float32")
-    for t, tiles in _tiles(op.tokens):
+    for t, tiles in _chunks(op.tokens, op.partitions):
         per_tile = _ids(t, 5) + [_matmul(1, t, 1), _vector("tensor_copy", t, 1)]
         if op.mode == "row_scatter":
             per_tile += [_matmul(1, t, t), _vector("tensor_scalar", t, t), _op("gpsimd", "affine_select", t, t),
@@ -281,7 +290,7 @@ def estimate_indirect(op: RowOp, target=None) -> float:
                     mix += [_dma(t, cols, op.itemsize)]
             groups.append((tiles * n * op.outer, mix))
     if op.mode == "row_scatter":
-        for vc, m in _chunks(op.outer * op.rows, 128):
+        for vc, m in _chunks(op.outer * op.rows, op.partitions):
             for cols, n in _chunks(op.inner, op.fill_chunk):
                 groups.append((m * n, [_dma(vc, cols, op.itemsize, hbm_side="shared_hbm")]))
     return _price(groups, target)

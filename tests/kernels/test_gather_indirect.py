@@ -19,7 +19,7 @@ import torch
 from neuron_inductor import config, runtime, sim
 from neuron_inductor.lowering import row_path
 
-from .harness import DTYPES, aten_graph, assert_close, call_kernel, kernel_for, run_lowered
+from .harness import CTX, DTYPES, aten_graph, assert_close, call_kernel, kernel_for, lower, run_lowered
 
 aten = torch.ops.aten
 F = torch.nn.functional
@@ -140,8 +140,7 @@ def test_the_cost_model_picks_one_hot_only_for_tiny_tables(caplog):
     def family(vocab, tokens, width):
         gm = aten_graph(lambda w, i: F.embedding(i, w), torch.randn(vocab, width), torch.randint(0, vocab, (tokens,)))
         node = next(n for n in gm.graph.nodes if n.target is aten.embedding.default)
-        from neuron_inductor.lowering.registry import LOWERINGS
-        return LOWERINGS[node.target](node).family
+        return lower(node).family
 
     with caplog.at_level(logging.INFO, logger=row_path.__name__):
         assert family(8, 3, 4) == "gather_rows"
@@ -182,10 +181,10 @@ def test_estimates_track_the_traced_kernels(mode, vocab, ids_shape, width, dtype
         call_kernel(kernel, spec, args)
     traced = recorded.estimate("trn2").total_seconds
     if mode == "lane_gather":
-        geometry = row_path.RowOp(mode, ids_shape[0], vocab, 1, ids_shape[1], dtype.itemsize, "")
+        geometry = row_path.RowOp(mode, ids_shape[0], vocab, 1, ids_shape[1], dtype.itemsize, "", CTX.tile)
     else:
         geometry = row_path.RowOp(mode, spec.params["outer"], vocab, width, ids.numel(), dtype.itemsize,
-                                  spec.params["table_kind"])
+                                  spec.params["table_kind"], CTX.tile)
     predicted = (row_path.estimate_onehot if path == "onehot" else row_path.estimate_indirect)(geometry)
     assert abs(predicted - traced) <= 0.35 * traced, (predicted, traced)
 
