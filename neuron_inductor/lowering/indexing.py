@@ -37,11 +37,12 @@ partitions; each index column becomes an int32 lane mask (all ones where `iota =
 the free axis, and values move as their fp32 bits under it: a gather sums x's masked bits (the
 indexed lane's value plus +0.0s), a scatter bit-selects the new value into its lanes. Infinities
 and NaN therefore land exactly where eager puts them and never spread along the row (0 * inf
-never happens). A gathered -0.0 may come back as +0.0. A gather along the last dim may instead
-take `gather_indirect` (row_path decides by the cost model; it wins for all but tiny widths): x is
-viewed as one-element rows and each index column is one indirect DMA of the elements r * C + index
-(exact bits, -0.0 kept); an index outside [0, C) reads nothing and gives 0 on both paths, where
-eager raises.
+never happens). A gathered -0.0 may come back as +0.0. A gather or scatter along the last dim
+may instead take `gather_indirect` (row_path decides by the cost model; it wins for all but tiny
+widths): x is viewed as one-element rows and each index column is one indirect DMA of the
+elements r * C + index (exact bits, -0.0 kept); a scatter first copies x to the output, then
+writes (dma_copy) or adds (dma_compute, scatter_add) each column in order. An index outside
+[0, C) reads or writes nothing on both paths (a gather gives 0), where eager raises.
 
 Column ops (`mode` "column_gather" / "column_scatter"): the same along any other dim, with an
 index matching the input in every other dim. x is viewed as [outer, size, inner]: the indexed dim
@@ -261,12 +262,16 @@ def _lane_spec(ctx: LoweringContext, node: fx.Node, mode: str, x: fx.Node, dim, 
     if xv.numel() == 0 or iv.numel() == 0:
         raise Unsupported(f"{mode} of an empty tensor")
     width = index_shape[dim]
-    if mode == "lane_gather" and rank >= 2 and dim == rank - 1:
+    inputs = [x, index] + ([src] if isinstance(src, fx.Node) else [])
+    if rank >= 2 and dim == rank - 1:
         rows = math.prod(shape[:-1])
-        op = row_path.RowOp("lane_gather", rows, shape[-1], 1, width, xv.element_size(), "", ctx.tile)
+        op = row_path.RowOp(mode, rows, shape[-1], 1, width, xv.element_size(), "", ctx.tile, reduce == "add")
         if row_path.choose(op, ctx.target).path == "indirect":
-            params = {"mode": mode, "rows_total": rows, "lanes": shape[-1], "index_width": width}
-            return KernelSpec("gather_indirect", params, [x, index], [node])
+            params = {"mode": mode, "rows_total": rows, "lanes": shape[-1], "index_width": width,
+                      "reduce": reduce, "has_src": isinstance(src, fx.Node)}
+            if value is not None:
+                params["value"] = float(value)
+            return KernelSpec("gather_indirect", params, inputs, [node])
     if rank >= 2 and dim == rank - 1:
         params = {"mode": mode, "dims": _token_dims(ctx.tile, shape[:-1], shape[-1], LANE_FMAX)}
     else:
@@ -278,7 +283,6 @@ def _lane_spec(ctx: LoweringContext, node: fx.Node, mode: str, x: fx.Node, dim, 
         # eager casts the value to x's dtype; the kernel places that value's fp32 bits
         params["value"] = float(value)
         params["value_bits"] = float32_bits(torch.tensor(float(value), dtype=xv.dtype).item())
-    inputs = [x, index] + ([src] if isinstance(src, fx.Node) else [])
     family = "gather_lanes" if params["mode"].startswith("lane") else "gather_columns"
     return KernelSpec(family, params, inputs, [node], flops=xv.numel() * width)
 

@@ -59,7 +59,7 @@ def forced(path: str) -> Iterator[None]:
 class RowOp:
     """What the estimates need of a row op (sizes in elements; the table is [outer, rows, inner])."""
 
-    mode: str               # "row_gather" | "row_scatter" | "lane_gather" (gather along the last dim)
+    mode: str               # "row_gather" | "row_scatter" | "lane_gather" / "lane_scatter" (along the last dim)
     outer: int              # (lane_gather: the rows R of x [R, C])
     rows: int               # (lane_gather: the lanes C)
     inner: int              # (lane_gather: 1)
@@ -67,7 +67,7 @@ class RowOp:
     itemsize: int           # bytes of a table / values element
     table_kind: str         # gather_rows' TABLE_KINDS entry
     tile: TileSizes         # the target's tile sizes (LoweringContext.tile)
-    accumulate: bool = True
+    accumulate: bool = True  # (lane_scatter: scatter_add)
 
     fill_chunk = INDIRECT_FMAX  # column chunk of gather_indirect's zero / base fill
 
@@ -104,7 +104,7 @@ class Choice:
 def choose(op: RowOp, target=None) -> Choice:
     """The cheaper path for `op` by the cost model (or the forced one), logged with both estimates."""
     seconds = {"onehot": estimate_onehot(op, target), "indirect": estimate_indirect(op, target)}
-    limit = INT32_LIMIT if op.mode == "lane_gather" else EXACT_INT_LIMIT
+    limit = INT32_LIMIT if op.mode.startswith("lane") else EXACT_INT_LIMIT
     if op.outer * op.rows >= limit:
         # gather_indirect computes row numbers (outer index * rows + id) in fp32 (int32 for lane gathers)
         path, reason = "onehot", f"{op.outer * op.rows} rows of the flattened table exceed its exact integers"
@@ -194,41 +194,53 @@ def _onehot_join_ops(kind: str, t: int, cols: int) -> list:
 
 
 def _lane_masks(op: RowOp, target) -> float:
-    """gather_lanes' lane_gather: per row tile and lane chunk, one mask, AND and sum per index column."""
+    """gather_lanes: per row tile and lane chunk, a mask and its bit moves per index column (a
+    scatter also stores the chunk)."""
     groups = []
     chunks = _chunks(op.rows, LANE_FMAX)
+    scatter = op.mode == "lane_scatter"
     for t, tiles in _chunks(op.outer, op.partitions):
-        groups.append((tiles, [_dma(t, op.tokens, 4), _vector("tensor_copy", t, op.tokens),
-                               _vector("tensor_copy", t, op.tokens), _dma(t, op.tokens, op.itemsize)]))
+        groups.append((tiles, [_dma(t, op.tokens, 4), _vector("tensor_copy", t, op.tokens)]
+                       + ([] if scatter else [_vector("tensor_copy", t, op.tokens), _dma(t, op.tokens, op.itemsize)])))
         for cols, n in chunks:
             mix = [_dma(t, cols, op.itemsize)] + ([_vector("tensor_copy", t, cols)] if op.itemsize != 4 else [])
             if n > 1 or len(chunks) > 1:
                 mix += [_vector("tensor_scalar", t, cols)]
+            last = _op("gpsimd", "tensor_tensor", t, cols, ("int32",))
+            if not scatter:
+                last = _vector("tensor_reduce", t, cols)
             mix += [ins for _ in range(op.tokens) for ins in (
-                _vector("tensor_scalar", t, cols), _op("gpsimd", "tensor_tensor", t, cols, ("int32",)),
-                _vector("tensor_reduce", t, cols))]
+                _vector("tensor_scalar", t, cols), _op("gpsimd", "tensor_tensor", t, cols, ("int32",)), last)]
+            if scatter:
+                mix += [_vector("tensor_copy", t, cols), _dma(t, cols, op.itemsize)]
             groups.append((tiles * n, mix))
     return _price(groups, target)
 
 
 def _lane_elements(op: RowOp, target) -> float:
-    """gather_indirect's lane_gather: one element-row DMA per index column and row tile."""
+    """gather_indirect's lane ops: one element-row DMA per index column and row tile (a scatter
+    first copies its rows of x to the output)."""
     groups = []
+    scatter = op.mode == "lane_scatter"
     for t, tiles in _chunks(op.outer, op.partitions):
         k = op.tokens
         mix = [_dma(t, k, 4), _vector("tensor_copy", t, k), _vector("tensor_scalar", t, k),
                _vector("tensor_scalar", t, k), _vector("tensor_tensor", t, k), _vector("tensor_copy", t, k),
                _vector("tensor_scalar", t, k), _op("gpsimd", "iota", t, 1), _op("gpsimd", "memset", t, k),
                _dma(t, k, op.itemsize)]
-        mix += [ins for _ in range(k) for ins in ([_op("gpsimd", "tensor_tensor", t, 1, ("int32",))] * 3
-                                                  + [_dma(t, 1, op.itemsize)])]
+        if scatter:
+            mix.append(_dma(t, op.rows, op.itemsize, hbm_side="shared_hbm"))
+        element = _dma(t, 1, op.itemsize, "dma_compute" if scatter and op.accumulate else "dma_copy")
+        if scatter and op.accumulate:
+            element.bytes *= 3
+        mix += [ins for _ in range(k) for ins in ([_op("gpsimd", "tensor_tensor", t, 1, ("int32",))] * 3 + [element])]
         groups.append((tiles, mix))
     return _price(groups, target)
 
 
 def estimate_onehot(op: RowOp, target=None) -> float:
     """gather_rows (codegen_templates/gather_rows.py.j2); for a lane gather, gather_lanes' masks."""
-    if op.mode == "lane_gather":
+    if op.mode.startswith("lane"):
         return _lane_masks(op, target)
     groups = []
     vchunks = _chunks(op.rows, op.partitions)
@@ -265,7 +277,7 @@ def estimate_onehot(op: RowOp, target=None) -> float:
 
 def estimate_indirect(op: RowOp, target=None) -> float:
     """gather_indirect (codegen_templates/gather_indirect.py.j2)."""
-    if op.mode == "lane_gather":
+    if op.mode.startswith("lane"):
         return _lane_elements(op, target)
     groups = []
     cchunks = _chunks(op.inner, op.indirect_chunk)

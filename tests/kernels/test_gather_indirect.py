@@ -1,4 +1,4 @@
-"""Row ops and last-dim gathers by indirect DMA (gather_indirect) at vocabulary sizes 1000 and
+"""Row ops and last-dim gathers / scatters by indirect DMA (gather_indirect) at vocabulary sizes 1000 and
 128256, the one-hot / indirect choice of lowering/row_path.py, and a tiny Llama training step that
 takes the indirect path.
 
@@ -136,6 +136,30 @@ def test_gather_along_the_vocabulary(vocab, rows, k, dtype):
             assert torch.equal(out.signbit(), ref.signbit())
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("vocab", VOCABS)
+def test_scatter_along_the_vocabulary(vocab, dtype):
+    """Cross-entropy's backward `zeros.scatter(1, target, -1)`, scatter.src and scatter_add (a
+    repeated index adds up) over a vocabulary row: 130 rows, one ragged tile."""
+    generator = torch.Generator().manual_seed(vocab)
+    x = torch.randn(130, vocab, generator=generator).to(dtype)
+    index = torch.randint(0, vocab, (130, 3), generator=generator)
+    index[:, 2] = index[:, 0]  # a repeated index: src's later column wins, scatter_add adds both
+    src = torch.randn(130, 3, generator=generator).to(dtype)
+    for path in paths_for(vocab):
+        with row_path.forced(path):
+            (out,), (ref,), _ = run_lowered(lambda t, i: torch.zeros_like(t).scatter(1, i, -1.0), [x, index[:, :1]],
+                                            aten.scatter.value)
+            assert torch.equal(out, ref), path
+            (out,), _, _ = run_lowered(lambda t, i, v: t.scatter(1, i, v), [x, index, src], aten.scatter.src)
+            expected = x.clone()
+            for k in range(3):
+                expected.scatter_(1, index[:, k:k + 1], src[:, k:k + 1])
+            assert torch.equal(out, expected), path
+            (out,), _, _ = run_lowered(lambda t, i, v: t.scatter_add(1, i, v), [x, index, src], aten.scatter_add.default)
+        assert_close(out, x.float().scatter_add(1, index, src.float()).to(dtype))
+
+
 def test_the_cost_model_picks_one_hot_only_for_tiny_tables(caplog):
     def family(vocab, tokens, width):
         gm = aten_graph(lambda w, i: F.embedding(i, w), torch.randn(vocab, width), torch.randint(0, vocab, (tokens,)))
@@ -161,6 +185,7 @@ def test_the_cost_model_picks_one_hot_only_for_tiny_tables(caplog):
     ("row_gather", 1000, (256,), 64, torch.bfloat16), ("row_gather", 300, (130,), 600, torch.float32),
     ("row_scatter", 1000, (256,), 64, torch.bfloat16), ("row_scatter", 260, (2, 130), 520, torch.float32),
     ("lane_gather", 9000, (130, 2), 1, torch.bfloat16), ("lane_gather", 1000, (256, 1), 1, torch.float32),
+    ("lane_scatter", 9000, (130, 2), 1, torch.bfloat16), ("lane_scatter", 1000, (256, 1), 1, torch.float32),
 ], ids=str)
 def test_estimates_track_the_traced_kernels(mode, vocab, ids_shape, width, dtype, path):
     """row_path prices each template's instruction mix; it must stay within 35% of the cost model's
@@ -171,6 +196,9 @@ def test_estimates_track_the_traced_kernels(mode, vocab, ids_shape, width, dtype
     elif mode == "lane_gather":
         fn, op = (lambda t, i: torch.gather(t, -1, i)), aten.gather.default
         args = [torch.randn(ids_shape[0], vocab).to(dtype), ids]
+    elif mode == "lane_scatter":
+        fn, op = (lambda t, i, v: t.scatter_add(-1, i, v)), aten.scatter_add.default
+        args = [torch.randn(ids_shape[0], vocab).to(dtype), ids, torch.randn(ids_shape).to(dtype)]
     else:
         fn = lambda g, i: aten.embedding_dense_backward(g, i, vocab, -1, False)  # noqa: E731
         args, op = [torch.randn(*ids_shape, width).to(dtype), ids], aten.embedding_dense_backward.default
@@ -180,7 +208,7 @@ def test_estimates_track_the_traced_kernels(mode, vocab, ids_shape, width, dtype
     with sim.trace() as recorded:
         call_kernel(kernel, spec, args)
     traced = recorded.estimate("trn2").total_seconds
-    if mode == "lane_gather":
+    if mode.startswith("lane"):
         geometry = row_path.RowOp(mode, ids_shape[0], vocab, 1, ids_shape[1], dtype.itemsize, "", CTX.tile)
     else:
         geometry = row_path.RowOp(mode, spec.params["outer"], vocab, width, ids.numel(), dtype.itemsize,

@@ -28,8 +28,8 @@ F = torch.nn.functional
 
 @pytest.fixture(params=row_path.PATHS)
 def path(request):
-    """Row-op and last-dim gather tests run on both formulations: one-hot matmuls / lane masks
-    (gather_rows, gather_lanes) and indirect DMA (gather_indirect)."""
+    """Row-op and last-dim gather / scatter tests run on both formulations: one-hot matmuls / lane
+    masks (gather_rows, gather_lanes) and indirect DMA (gather_indirect)."""
     with row_path.forced(request.param):
         yield request.param
 
@@ -104,7 +104,7 @@ def test_gather_last_dim(shape, k, dtype, path):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("shape,k", [((130, 50), 1), ((3, 9000), 3)], ids=str)
-def test_scatter_value_src_and_add(shape, k, dtype):
+def test_scatter_value_src_and_add(shape, k, dtype, path):
     x = torch.randn(shape, dtype=dtype)
     index = torch.stack([torch.randperm(shape[-1])[:k] for _ in range(shape[0])])  # distinct per row
     src = torch.randn(shape[0], k, dtype=dtype)
@@ -144,7 +144,7 @@ def distinct_lanes(shape, k):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("value", NON_FINITE, ids=str)
 @pytest.mark.parametrize("shape,k", [((130, 50), 2), ((3, 9000), 3)], ids=str)
-def test_scatter_of_a_non_finite_value(shape, k, value, dtype):
+def test_scatter_of_a_non_finite_value(shape, k, value, dtype, path):
     """MoE routers mask the experts they picked with scatter(-1, idx, -inf): the value lands on the
     indexed lanes only, over finite and non-finite values alike, and the other lanes keep theirs."""
     x = with_non_finite_lanes(shape, dtype)
@@ -216,7 +216,7 @@ def test_boolean_mask_fill_through_compile_is_a_pointwise_where(dtype, tmp_path)
     assert torch.equal(got, want) and torch.equal(grad, x.grad)
 
 
-def test_cross_entropy_backward_scatter_of_a_constant_into_zeros():
+def test_cross_entropy_backward_scatter_of_a_constant_into_zeros(path):
     logits, target = torch.randn(6, 30), torch.randint(0, 30, (6,))
     fn = lambda t, y: torch.zeros_like(t).scatter(1, y.unsqueeze(1), -1.0)  # noqa: E731
     (out,), (ref,), _ = run_lowered(fn, [logits, target], aten.scatter.value)
