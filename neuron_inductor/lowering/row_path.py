@@ -1,20 +1,21 @@
-"""Which formulation a row op (lowering/indexing.py) takes: one-hot matmuls (`gather_rows`) or
-indirect DMA (`gather_indirect`), decided here and nowhere else, by the cost model's estimate of
-each kernel.
+"""Which formulation a row op or a last-dim gather / scatter (lowering/indexing.py) takes:
+one-hot matmuls (`gather_rows`) or lane masks (`gather_lanes`), against indirect DMA
+(`gather_indirect`), decided here and nowhere else, by the cost model's estimate of each kernel.
 
 A one-hot gather reads the whole table once per token tile and multiplies it on TensorE (fp32,
 since it moves the table's bits), so its cost grows with rows x tokens; a one-hot scatter-add
-builds a [tokens, rows] one-hot per tile. The indirect kernels read or write only the rows named,
-plus fixed per-tile work on the ids (and, for a scatter, writing the zeros or base of the whole
-output, and a [tokens, tokens] merge of duplicate rows). One-hot wins only for tiny tables.
+builds a [tokens, rows] one-hot per tile; lane masks cost O(lanes) vector work per row. The
+indirect kernels read or write only the rows / elements named, plus fixed per-tile work on the
+ids (and, for a scatter, writing the zeros or base of the whole output, and for a row scatter a
+[tokens, tokens] merge of duplicate rows). The others win only for tiny tables.
 
 The estimate lists, per token tile, the instructions each template issues (their engines, free
 sizes, dtypes and DMA bytes, as the interpreter would record them) and prices them with
 `sim.cost_model.estimate`, so a change to the cost model moves the choice with it. It models the
-dominant instructions, not every one: `tests/kernels/test_row_path.py` checks it against the
+dominant instructions, not every one: `tests/kernels/test_gather_indirect.py` checks it against the
 traced estimate of the rendered kernels.
 
-`forced(path)` overrides the choice inside a block (tests and bench/kernels.py run both paths).
+`forced(path)` overrides the choice inside a block (tests and bench/embedding.py run both paths).
 """
 
 from __future__ import annotations
@@ -38,7 +39,8 @@ PATHS = ("onehot", "indirect")
 INT32_LIMIT = 2**31
 # columns per indirect DMA of gather_indirect (one [tokens, columns] tile, 16 KiB of fp32 per partition)
 INDIRECT_FMAX = FREE_MAX // 2
-FAMILIES = {"onehot": "gather_rows", "indirect": "gather_indirect"}
+FAMILIES = {("onehot", "row"): "gather_rows", ("onehot", "lane"): "gather_lanes",
+            ("indirect", "row"): "gather_indirect", ("indirect", "lane"): "gather_indirect"}
 
 _forced: list[str] = []
 
@@ -89,6 +91,11 @@ class RowOp:
         """Column chunk of gather_indirect: a scatter-add merges duplicates by a matmul into one PSUM bank."""
         return self.psum_fmax if self.mode == "row_scatter" and self.accumulate else INDIRECT_FMAX
 
+    @property
+    def kind(self) -> str:
+        """"row" (the table's rows) or "lane" (elements along the last dim)."""
+        return self.mode.split("_")[0]
+
     def describe(self) -> str:
         return f"{self.mode} of {self.tokens} ids x [{self.outer}, {self.rows}, {self.inner}]"
 
@@ -103,7 +110,7 @@ class Choice:
 
 def choose(op: RowOp, target=None) -> Choice:
     """The cheaper path for `op` by the cost model (or the forced one), logged with both estimates."""
-    seconds = {"onehot": estimate_onehot(op, target), "indirect": estimate_indirect(op, target)}
+    seconds = {path: estimate(path, op, target) for path in PATHS}
     limit = INT32_LIMIT if op.mode.startswith("lane") else EXACT_INT_LIMIT
     if op.outer * op.rows >= limit:
         # gather_indirect computes row numbers (outer index * rows + id) in fp32 (int32 for lane gathers)
@@ -115,7 +122,7 @@ def choose(op: RowOp, target=None) -> Choice:
         reason = "cost model"
     log.info("%s: %s (%s; one-hot %.1f us, indirect DMA %.1f us)", op.describe(), path, reason,
              seconds["onehot"] * 1e6, seconds["indirect"] * 1e6)
-    return Choice(path, FAMILIES[path], seconds, reason)
+    return Choice(path, FAMILIES[path, op.kind], seconds, reason)
 
 
 # ---- instruction lists -----------------------------------------------------------------------
@@ -238,10 +245,8 @@ def _lane_elements(op: RowOp, target) -> float:
     return _price(groups, target)
 
 
-def estimate_onehot(op: RowOp, target=None) -> float:
-    """gather_rows (codegen_templates/gather_rows.py.j2); for a lane gather, gather_lanes' masks."""
-    if op.mode.startswith("lane"):
-        return _lane_masks(op, target)
+def _row_onehot(op: RowOp, target) -> float:
+    """gather_rows (codegen_templates/gather_rows.py.j2)."""
     groups = []
     vchunks = _chunks(op.rows, op.partitions)
     cchunks = _chunks(op.inner, op.onehot_chunk)
@@ -275,10 +280,8 @@ def estimate_onehot(op: RowOp, target=None) -> float:
     return _price(groups, target)
 
 
-def estimate_indirect(op: RowOp, target=None) -> float:
-    """gather_indirect (codegen_templates/gather_indirect.py.j2)."""
-    if op.mode.startswith("lane"):
-        return _lane_elements(op, target)
+def _row_indirect(op: RowOp, target) -> float:
+    """gather_indirect's row ops (codegen_templates/gather_indirect.py.j2)."""
     groups = []
     cchunks = _chunks(op.inner, op.indirect_chunk)
     vdtype = _DTYPES.get(op.itemsize, "float32")
@@ -306,3 +309,13 @@ def estimate_indirect(op: RowOp, target=None) -> float:
             for cols, n in _chunks(op.inner, op.fill_chunk):
                 groups.append((m * n, [_dma(vc, cols, op.itemsize, hbm_side="shared_hbm")]))
     return _price(groups, target)
+
+
+# (path, row or lane op) -> the estimate of that kernel
+_ESTIMATES = {("onehot", "row"): _row_onehot, ("onehot", "lane"): _lane_masks,
+              ("indirect", "row"): _row_indirect, ("indirect", "lane"): _lane_elements}
+
+
+def estimate(path: str, op: RowOp, target=None) -> float:
+    """Estimated seconds of `op` on `path` by the cost model of `target` (default trn2)."""
+    return _ESTIMATES[path, op.kind](op, target)

@@ -213,7 +213,7 @@ def test_estimates_track_the_traced_kernels(mode, vocab, ids_shape, width, dtype
     else:
         geometry = row_path.RowOp(mode, spec.params["outer"], vocab, width, ids.numel(), dtype.itemsize,
                                   spec.params["table_kind"], CTX.tile)
-    predicted = (row_path.estimate_onehot if path == "onehot" else row_path.estimate_indirect)(geometry)
+    predicted = row_path.estimate(path, geometry)
     assert abs(predicted - traced) <= 0.35 * traced, (predicted, traced)
 
 
