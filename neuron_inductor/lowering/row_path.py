@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Iterator
 
 from .. import sim
+from ..sim.cost_model import dma_transfer_seconds
 from ..sim.tracing import Operand
 from .context import TileSizes
 from .reduction import EXACT_INT_LIMIT, FREE_MAX
@@ -170,17 +171,22 @@ def _chunks(extent: int, chunk: int):
 
 def _price(groups, target) -> float:
     """Seconds of the instruction lists `groups` = [(count, [instructions])], each repeated
-    `count` times: the cost model's busy time per engine adds up; its fixed terms count once."""
+    `count` times: the cost model's busy time per engine adds up; its fixed terms count once. A
+    dma_compute reads the output the previous one wrote, so those form one dependency chain (each
+    at its full DMA latency), the cost model's other bound."""
+    resolved = sim.get_target(target)
     busy: dict = {}
-    fixed = 0.0
+    fixed = chain = 0.0
     for count, instructions in groups:
         if not count or not instructions:
             continue
-        est = sim.estimate(instructions, target)
+        est = sim.estimate(instructions, resolved)
         for engine, seconds in est.engine_seconds.items():
             busy[engine] = busy.get(engine, 0.0) + count * seconds
         fixed = max(fixed, est.total_seconds - max(est.engine_seconds.values()))
-    return (max(busy.values()) if busy else 0.0) + fixed
+        chain += count * sum(dma_transfer_seconds(ins, resolved) + resolved.dma_fixed_s
+                             for ins in instructions if ins.op == "dma_compute")
+    return max((max(busy.values()) if busy else 0.0) + fixed, chain + resolved.launch_fixed_s)
 
 
 def _onehot_table_ops(kind: str, vc: int, t: int, cols: int, itemsize: int) -> list:
