@@ -141,7 +141,7 @@ def test_generated_graph_runs_under_the_calling_convention(fake_nki, monkeypatch
     assert set(artifact.meta["estimates"]) == set(artifact.kernel_sources)  # the rule check ran on each
     assert any(spec.output_argument for spec in lowered.kernels)
     buf = args[3].clone()
-    got = Program(artifact, toolchain, {}, kernels)([args[0], args[1], args[2], buf])
+    got = Program.load(artifact, toolchain, {}, kernels)([args[0], args[1], args[2], buf])
     for g, e in zip(got, expected):
         torch.testing.assert_close(g, e)
     torch.testing.assert_close(buf, expected_buf)
