@@ -202,7 +202,8 @@ def compile_and_build(gm: fx.GraphModule, fallback_mode: str, toolchain: Toolcha
         artifact.meta["timings"]["compile"] = time.perf_counter() - start
         start = time.perf_counter()
         # The interpreter checks the rules before first use whichever toolchain runs the kernels.
-        checked = kernels if toolchain.name == "simulator" else build_kernels(SimulatorToolchain(), artifact)
+        # (for the target the kernels were planned for, not the interpreter's default)
+        checked = kernels if toolchain.name == "simulator" else build_kernels(SimulatorToolchain(target), artifact)
         try:
             artifact.meta["estimates"] = check_kernels(checked, artifact.kernel_sources, lowered, target, verdicts)
         except KernelRuleViolation as violation:
