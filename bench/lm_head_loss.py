@@ -23,7 +23,8 @@ from collections import defaultdict
 import torch
 import torch.nn.functional as F
 
-from neuron_inductor import config, runtime
+from neuron_inductor import config
+from neuron_inductor.observe import session
 
 
 def loss_fn(vocab: int, return_logits: bool):
@@ -41,7 +42,7 @@ def measure(rows: int, hidden: int, vocab: int, fused: bool, return_logits: bool
     y = torch.randint(0, vocab, (rows,), generator=generator)
     y[::4] = -100
     torch._dynamo.reset()
-    before = len(runtime.COMPILED_PROGRAMS)
+    before = len(session.BUCKETS)
     with tempfile.TemporaryDirectory() as cache, config.patch(fallback="error", cache_dir=cache,
                                                               fuse_lm_head_loss=fused):
         out = torch.compile(loss_fn(vocab, return_logits), backend="neuron")(h, w, y)
@@ -49,8 +50,8 @@ def measure(rows: int, hidden: int, vocab: int, fused: bool, return_logits: bool
     torch._dynamo.reset()
     families: dict = defaultdict(lambda: {"kernels": 0, "seconds": 0.0, "engines": defaultdict(float)})
     totals = {"seconds": 0.0, "tensor_flops": 0, "dma_bytes": 0, "logits_bytes": 0, "logits_tensors": 0}
-    for program in runtime.COMPILED_PROGRAMS[before:]:
-        meta = program["artifact"].meta
+    for program in session.BUCKETS[before:]:
+        meta = program.artifact.meta
         for kernel in meta["kernels"]:
             estimate = meta["estimates"][kernel["name"]]
             families[kernel["family"]]["kernels"] += 1

@@ -13,7 +13,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from neuron_inductor import config, runtime
+from neuron_inductor import config
+from neuron_inductor.observe import session
 from neuron_inductor.passes.lm_head_loss import fuse_lm_head_loss
 from neuron_inductor.testing import TinyLlama, TinyLlamaConfig
 
@@ -95,7 +96,7 @@ def test_near_miss_is_logged_with_its_reason(caplog):
 
 def fused_kernels(before: int) -> list[str]:
     """Families of the kernels compiled since `before` that are the fused LM head + loss."""
-    return [k["family"] for p in runtime.COMPILED_PROGRAMS[before:] for k in p["artifact"].meta["kernels"]
+    return [k["family"] for p in session.BUCKETS[before:] for k in p.artifact.meta["kernels"]
             if k["family"] == "lm_head_loss"]
 
 
@@ -125,7 +126,7 @@ def eager_step(fn, args):
 def test_compiled_step_matches_eager(name, dtype, fresh_compile_state):
     h, w, y = data(dtype, rows=(2, 65))
     fn = PATTERNS[name]
-    before = len(runtime.COMPILED_PROGRAMS)
+    before = len(session.BUCKETS)
     loss, grads = compiled_step(fn, (h, w, y))
     assert fused_kernels(before) == ["lm_head_loss", "lm_head_loss"]  # forward and backward
     expected, expected_grads = eager_step(fn, (h, w, y))
@@ -142,7 +143,7 @@ def test_compiled_step_matches_eager(name, dtype, fresh_compile_state):
 def test_inference_graph_skips_the_backward_product(fresh_compile_state):
     """Under no_grad nothing reads softmax @ W: the forward kernel computes only the logits' loss."""
     h, w, y = data(torch.float32)
-    before = len(runtime.COMPILED_PROGRAMS)
+    before = len(session.BUCKETS)
     torch._dynamo.reset()
     try:
         with torch.no_grad(), config.patch(fallback="error"):
@@ -150,13 +151,13 @@ def test_inference_graph_skips_the_backward_product(fresh_compile_state):
     finally:
         torch._dynamo.reset()
     torch.testing.assert_close(loss, PATTERNS["h @ W.t()"](h, w, y), rtol=1e-5, atol=1e-5)
-    kernels = [k for p in runtime.COMPILED_PROGRAMS[before:] for k in p["artifact"].meta["kernels"]
+    kernels = [k for p in session.BUCKETS[before:] for k in p.artifact.meta["kernels"]
                if k["family"] == "lm_head_loss"]
     assert [k["flops"] for k in kernels] == [2 * h.shape[0] * D * V]
 
 
 def test_option_off_keeps_the_unfused_kernels(fresh_compile_state):
-    before = len(runtime.COMPILED_PROGRAMS)
+    before = len(session.BUCKETS)
     compiled_step(PATTERNS["h @ W.t()"], data(torch.float32), fuse_lm_head_loss=False)
     assert fused_kernels(before) == []
 
@@ -168,7 +169,7 @@ def tiny_llama_steps(lengths) -> tuple[list[str], list[str]]:
     cfg = TinyLlamaConfig(n_layers=1)
     model, reference = TinyLlama(cfg), TinyLlama(cfg)
     compiled = torch.compile(model, backend="neuron", dynamic=False)
-    before = len(runtime.COMPILED_PROGRAMS)
+    before = len(session.BUCKETS)
     with config.patch(fallback="error"):
         for length in lengths:
             ids = torch.randint(0, cfg.vocab_size, (2, length), generator=torch.Generator().manual_seed(length))
@@ -182,7 +183,7 @@ def tiny_llama_steps(lengths) -> tuple[list[str], list[str]]:
                 torch.testing.assert_close(param.grad, want.grad, rtol=1e-5, atol=1e-6 * want.grad.abs().max().item())
             model.zero_grad()
             reference.zero_grad()
-    buckets = [p["signature"].split("=")[-1] for p in runtime.COMPILED_PROGRAMS[before:] if p["source"] == "compiled"]
+    buckets = [p.plan.split("=")[-1] for p in session.BUCKETS[before:] if p.source == "compiled"]
     return buckets, fused_kernels(before)
 
 

@@ -41,7 +41,7 @@ from ..lowering import lm_head_loss as fused
 from ..lowering.common import arg
 from ..lowering.registry import pad_rule
 from .padded_layout import tensor_val
-from .pad_safety import Unsafe
+from .pad_rewriter import Unsafe
 
 aten = torch.ops.aten
 log = logging.getLogger("neuron_inductor")
@@ -271,8 +271,8 @@ def _neutral_padded_rows(rewriter, node: fx.Node) -> None:
     mask = rewriter.mask_for(target, None)
     if mask is None:
         return
-    ignore = rewriter._call(aten.scalar_tensor.default, node.args[ignore_at], dtype=tensor_val(target).dtype)
-    node.update_arg(target_at, rewriter._call(aten.where.self, mask, target, ignore))
+    ignore = rewriter.call(aten.scalar_tensor.default, node.args[ignore_at], dtype=tensor_val(target).dtype)
+    node.update_arg(target_at, rewriter.call(aten.where.self, mask, target, ignore))
     node.update_arg(hidden_at, rewriter.masked(hidden, [0], "zero"))
     grad_logits = arg(node, _GRAD_LOGITS, "grad_logits") if node.target is fused.lm_head_loss_backward._opoverload else None
     if grad_logits is not None:
