@@ -1,6 +1,7 @@
 """Interpreter behaviour AWS's nki-library kernels depend on, each against its documented semantics:
 NKIObject default initializers, unary op0 in tensor_scalar_reduce, zero-step dst patterns, the start partition
-of address= tiles, uint32 access patterns, and vector_offset tiles with several free dims. fp32 and bf16."""
+of address= tiles, uint32 access patterns, vector_offset tiles with several free dims, and dma_transpose to any
+start partition. fp32 and bf16."""
 
 from dataclasses import dataclass
 
@@ -159,3 +160,27 @@ def test_scalar_tensor_tensor_takes_operand0_of_any_dtype(dtype):
     with pytest.raises(sim.NkiRuleError, match="float32"):
         on_tiles(lambda d, a, s: nisa.tensor_scalar(d, a, nl.multiply, s), (8, 16), nl.float32, x,
                  scale.to(torch.bfloat16))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("start", [16, 5])
+def test_dma_transpose_writes_from_any_start_partition(dtype, start):
+    """A DMA queue is not a compute engine: the 0/32/64/96 start-partition rule is the engines' (the
+    nki.isa dma_transpose docs list none; AWS's MoE TKG transposes into 16-partition blocks at 16, 32, ...)."""
+    x = torch.randn(8, 16).to(dtype)
+
+    @sim.jit
+    def kernel(src):
+        t = nl.ndarray((48, 8), src.dtype, buffer=nl.sbuf)
+        nisa.memset(dst=t, value=0.0)
+        nisa.dma_transpose(dst=t[start:start + 16, :], src=src)
+        out = nl.ndarray((48, 8), src.dtype, buffer=nl.shared_hbm)
+        nisa.dma_copy(dst=out, src=t)
+        return out
+
+    out = kernel(x)
+    expected = torch.zeros(48, 8, dtype=dtype)
+    expected[start:start + 16] = x.T
+    assert torch.equal(out, expected)
+    with pytest.raises(sim.NkiRuleError, match="starting at partition"):  # a compute engine still may not
+        on_tiles(lambda d, a: nisa.tensor_copy(dst=d[start:start + 8, :], src=a), (48, 16), dtype, x)
