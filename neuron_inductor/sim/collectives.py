@@ -34,8 +34,15 @@ def _not_modelled(name):
     return collective
 
 
-_COLLECTIVES = ("all_reduce", "all_gather", "all_gather_v", "reduce_scatter", "all_to_all", "all_to_all_v",
-                "collective_permute", "collective_permute_implicit", "collective_permute_implicit_reduce",
-                "collective_permute_implicit_current_processing_rank_id", "rank_id")
-globals().update({name: _not_modelled(name) for name in _COLLECTIVES})
-__all__ = ["ReplicaGroup", *_COLLECTIVES]
+all_reduce = _not_modelled("all_reduce")
+all_gather = _not_modelled("all_gather")
+all_gather_v = _not_modelled("all_gather_v")
+reduce_scatter = _not_modelled("reduce_scatter")
+all_to_all = _not_modelled("all_to_all")
+all_to_all_v = _not_modelled("all_to_all_v")
+collective_permute = _not_modelled("collective_permute")
+collective_permute_implicit = _not_modelled("collective_permute_implicit")
+collective_permute_implicit_reduce = _not_modelled("collective_permute_implicit_reduce")
+collective_permute_implicit_current_processing_rank_id = _not_modelled(
+    "collective_permute_implicit_current_processing_rank_id")
+rank_id = _not_modelled("rank_id")
