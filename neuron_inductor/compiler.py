@@ -60,12 +60,18 @@ def _describe_kernel(spec: KernelSpec) -> dict[str, Any]:
         "outputs": [shape(o) for o in spec.outputs],
         "ops": sorted({op_name(o) for o in spec.outputs if isinstance(o, fx.Node)}),
         "written_arguments": spec.written_arguments,
+        "grid": spec.grid,
     }
 
 
 def written_arguments(artifact: CompiledArtifact) -> dict[str, list[int]]:
     """Per kernel, the positions of the arguments it writes into."""
     return {k["name"]: k.get("written_arguments", []) for k in artifact.meta.get("kernels", [])}
+
+
+def kernel_grids(artifact: CompiledArtifact) -> dict[str, int]:
+    """Per kernel, the programs of its launch (more than 1 when it splits its work over the LNC)."""
+    return {k["name"]: k.get("grid", 1) for k in artifact.meta.get("kernels", [])}
 
 
 def _kernel_nodes(spec: KernelSpec) -> set[fx.Node]:
@@ -83,10 +89,11 @@ def _kernel_nodes(spec: KernelSpec) -> set[fx.Node]:
 
 
 def compile_static_graph(gm: fx.GraphModule, fallback_mode: str, target: str,
-                         force_fallback: dict[fx.Node, str] | None = None) -> tuple[CompiledArtifact, LoweredGraph]:
-    """Lower and render `gm` for `target` (the `target` option): one LoweringContext reaches every
-    lowering and every template."""
-    ctx = LoweringContext.for_target(target)
+                         force_fallback: dict[fx.Node, str] | None = None,
+                         lnc: int | None = None) -> tuple[CompiledArtifact, LoweredGraph]:
+    """Lower and render `gm` for `target` (the `target` option) and a logical core of `lnc` physical
+    cores (None: the target's default): one LoweringContext reaches every lowering and every template."""
+    ctx = LoweringContext.for_target(target, lnc)
     timings: dict[str, float] = {}
     start = time.perf_counter()
     lowered = lower_graph(gm, ctx, fallback_mode, force_fallback or {})
@@ -180,13 +187,13 @@ def build_kernels(toolchain: Toolchain, artifact: CompiledArtifact) -> dict[str,
     as steps running the user's kernels (built by the same toolchain)."""
     users = artifact.meta.get("user_kernels", {})
     kernels = toolchain.build({name: s for name, s in artifact.kernel_sources.items() if name not in users},
-                              written_arguments(artifact))
+                              written_arguments(artifact), kernel_grids(artifact))
     kernels.update(user_kernels.build_steps(users, toolchain))
     return kernels
 
 
-def compile_and_build(gm: fx.GraphModule, fallback_mode: str, toolchain: Toolchain,
-                      target: str, verdicts=None) -> tuple[CompiledArtifact, LoweredGraph, dict[str, Callable]]:
+def compile_and_build(gm: fx.GraphModule, fallback_mode: str, toolchain: Toolchain, target: str,
+                      verdicts=None, lnc: int | None = None) -> tuple[CompiledArtifact, LoweredGraph, dict[str, Callable]]:
     """Compile a static graph and build its kernels; check them in the interpreter first (kernels
     with a stored passing verdict in `verdicts` are not run again, see `check_kernels`).
 
@@ -196,13 +203,13 @@ def compile_and_build(gm: fx.GraphModule, fallback_mode: str, toolchain: Toolcha
     """
     force: dict[fx.Node, str] = {}
     while True:
-        artifact, lowered = compile_static_graph(gm, fallback_mode, target, force)
+        artifact, lowered = compile_static_graph(gm, fallback_mode, target, force, lnc)
         start = time.perf_counter()
         kernels = build_kernels(toolchain, artifact)
         artifact.meta["timings"]["compile"] = time.perf_counter() - start
         start = time.perf_counter()
         # The interpreter checks the rules before first use whichever toolchain runs the kernels.
-        checked = kernels if toolchain.name == "simulator" else build_kernels(SimulatorToolchain(), artifact)
+        checked = kernels if toolchain.name == "simulator" else build_kernels(SimulatorToolchain(target), artifact)
         try:
             artifact.meta["estimates"] = check_kernels(checked, artifact.kernel_sources, lowered, target, verdicts)
         except KernelRuleViolation as violation:

@@ -1,0 +1,31 @@
+"""Splitting a kernel's work over the physical cores of a logical NeuronCore (LNC=2 on trn2 / trn3).
+
+A kernel whose output falls into independent blocks along some loop (matmul: batches, row blocks
+or column blocks) gives each program of its SPMD launch (`kernel[2](...)`) a contiguous share of
+that loop's iterations: program p takes [p * share, min(count, (p + 1) * share)) with
+share = ceil(count / nl.num_programs(0)), rendered by `_lnc.py.j2`. The shares are disjoint and
+cover the loop, and every store a block makes lies inside that block, so no two programs write the
+same output element (no races, no core_barrier). The kernel reads nl.num_programs(0), so it is
+whole at any launch size (the `neuron` toolchain launches with the host's LNC).
+"""
+
+from __future__ import annotations
+
+import math
+
+from .context import LoweringContext
+
+
+def plan_split(ctx: LoweringContext, counts: dict[str, int]) -> dict | None:
+    """The loop to split over ctx.lnc programs, from `counts` (loop name -> iterations, outermost
+    first): the one whose largest share is the smallest fraction of its loop (ties: the outer one),
+    as {"loop": name, "count": iterations}; None when ctx.lnc is 1 or no loop has 2 iterations
+    (a second program would get no work)."""
+    if ctx.lnc == 1:
+        return None
+    candidates = [(math.ceil(count / ctx.lnc) / count, order, name, count)
+                  for order, (name, count) in enumerate(counts.items()) if count >= 2]
+    if not candidates:
+        return None
+    _, _, name, count = min(candidates)
+    return {"loop": name, "count": count}
