@@ -1,12 +1,13 @@
 """Splitting a kernel's work over the physical cores of a logical NeuronCore (LNC=2 on trn2 / trn3).
 
 A kernel whose output falls into independent blocks along some loop (matmul: batches, row blocks
-or column blocks) gives each program of its SPMD launch (`kernel[2](...)`) a contiguous share of
-that loop's iterations: program p takes [p * share, min(count, (p + 1) * share)) with
-share = ceil(count / nl.num_programs(0)), rendered by `_lnc.py.j2`. The shares are disjoint and
-cover the loop, and every store a block makes lies inside that block, so no two programs write the
-same output element (no races, no core_barrier). The kernel reads nl.num_programs(0), so it is
-whole at any launch size (the `neuron` toolchain launches with the host's LNC).
+or column blocks; attention: batches, heads, query tiles) gives each program of its SPMD launch
+(`kernel[2](...)`) every nl.num_programs(0)-th iteration of that loop from its nl.program_id(0) on
+(`_lnc.py.j2`; interleaved, so a causal kernel's short and long query tiles are dealt out alike).
+The shares are disjoint and cover the loop, and every store an iteration makes lies inside its own
+block, so no two programs write the same output element (no races, no core_barrier). The kernel
+reads nl.num_programs(0), so it is whole at any launch size (the `neuron` toolchain launches with
+the host's LNC).
 """
 
 from __future__ import annotations

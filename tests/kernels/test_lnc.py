@@ -13,7 +13,9 @@ from neuron_inductor.lowering.context import LoweringContext
 from neuron_inductor.lowering.lnc import plan_split
 from neuron_inductor.lowering.registry import LOWERINGS
 
-from .harness import DTYPES, graph_values, load_kernel
+from .harness import DTYPES, graph_values, kernel_for, load_kernel
+from .test_attention import BACKWARD, FORWARD, Case, attention, capture_graphs, make_inputs, reference
+from .test_attention import assert_close as assert_attention_close
 from .test_matmul import assert_matches, float64_values, randn, trace
 
 LNC1 = LoweringContext.for_target("trn2", lnc=1)
@@ -107,3 +109,45 @@ def test_lnc_is_checked_against_the_target():
     assert LoweringContext.for_target("trn1").lnc == 1 and LNC2.lnc == 2
     with pytest.raises(ValueError, match="trn1 logical NeuronCore has 1 to 1"):
         LoweringContext.for_target("trn1", lnc=2)
+
+
+ATTENTION_CASES = {
+    # name: (Case, the loop the forward splits, the loop the backward splits)
+    "kv_heads_uneven": (dict(q_heads=3, kv_heads=3, q_len=40, kv_len=50), "kv_heads", "kv_heads"),
+    "gqa_group": (dict(q_heads=4, kv_heads=1, q_len=37, kv_len=37, causal=True, gqa="enable_gqa"), "group", None),
+    "one_head_causal_q_tiles": (dict(q_heads=1, kv_heads=1, q_len=300, kv_len=300, causal=True), "q_tiles", None),
+    "batch": (dict(batch=2, q_heads=1, kv_heads=1, q_len=20, kv_len=30), "batch", "batch"),
+}
+
+
+def run_attention(gm, args, op, ctx):
+    """(outputs, spec, trace) of the graph's attention node lowered for `ctx`, launched with spec.grid."""
+    _, spec, kernel = kernel_for(gm, op, ctx=ctx)
+    values = graph_values(gm, args)
+    with sim.trace() as recorded:
+        outputs = kernel(*(values[n] for n in spec.inputs))
+    return list(outputs), spec, recorded
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("case", list(ATTENTION_CASES))
+def test_lnc2_attention_matches_lnc1_bit_for_bit(case, dtype):
+    fields, fw_loop, bw_loop = ATTENTION_CASES[case]
+    attention_case = Case(**fields, dtype=dtype)
+    inputs = make_inputs(attention_case)
+    grad_out = torch.randn(attention_case.batch, attention_case.q_heads, attention_case.q_len,
+                           attention_case.head_dim, generator=torch.Generator().manual_seed(1)).to(dtype)
+    graphs = capture_graphs(attention(attention_case), inputs, grad_out)
+    expected = reference(attention_case, inputs, grad_out)
+    for kind, op, loop, names in (("fw", FORWARD, fw_loop, ("out", "lse")),
+                                  ("bw", BACKWARD, bw_loop, ("grad_query", "grad_key", "grad_value"))):
+        one, one_spec, one_trace = run_attention(*graphs[kind], op, LNC1)
+        two, two_spec, two_trace = run_attention(*graphs[kind], op, LNC2)
+        assert one_spec.grid == 1 and (two_spec.params["split"] or {}).get("loop") == loop, kind
+        assert two_spec.grid == (2 if loop else 1)
+        for name, a, b in zip(names, one, two):
+            assert torch.equal(a, b), name
+            assert_attention_close(b, expected[name], dtype, "lse" if name == "lse" else name)
+        # every output element stored once, by one program (see the matmul test)
+        total = sum(t.numel() * t.element_size() for t in two)
+        assert hbm_store_bytes(two_trace) == hbm_store_bytes(one_trace) == total, kind
