@@ -209,7 +209,7 @@ def compile_and_build(gm: fx.GraphModule, fallback_mode: str, toolchain: Toolcha
         artifact.meta["timings"]["compile"] = time.perf_counter() - start
         start = time.perf_counter()
         # The interpreter checks the rules before first use whichever toolchain runs the kernels.
-        checked = kernels if toolchain.name == "simulator" else build_kernels(SimulatorToolchain(target), artifact)
+        checked = kernels if toolchain.name == "simulator" else build_kernels(SimulatorToolchain(), artifact)
         try:
             artifact.meta["estimates"] = check_kernels(checked, artifact.kernel_sources, lowered, target, verdicts)
         except KernelRuleViolation as violation:
