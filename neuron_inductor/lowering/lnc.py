@@ -30,3 +30,9 @@ def plan_split(ctx: LoweringContext, counts: dict[str, int]) -> dict | None:
         return None
     _, _, name, count = min(candidates)
     return {"loop": name, "count": count}
+
+
+def split_row_tiles(ctx: LoweringContext, layout: dict) -> bool:
+    """Whether a row-normalising kernel (lowering/norms.py) deals its row tiles out over ctx.lnc
+    programs: each row tile reads and writes only its own rows, so any deal is race-free."""
+    return ctx.lnc > 1 and len(layout["row_tiles"]) >= 2

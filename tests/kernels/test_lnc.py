@@ -1,7 +1,7 @@
 """Kernels that split their work over the two physical cores of an LNC=2 logical core (lowering/lnc.py):
 each program of the `kernel[2]` launch computes a disjoint part of the output, the results equal the
 LNC=1 kernel's bit for bit (the per-element math is the same), and the cost model charges the slower
-program."""
+program. Families: matmul, attention forward / backward, rms_norm, softmax forward / backward."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from neuron_inductor.lowering.context import LoweringContext
 from neuron_inductor.lowering.lnc import plan_split
 from neuron_inductor.lowering.registry import LOWERINGS
 
-from .harness import DTYPES, graph_values, kernel_for, load_kernel
+from .harness import DTYPES, graph_values, kernel_for, load_kernel, op_graph
 from .test_attention import BACKWARD, FORWARD, Case, attention, capture_graphs, make_inputs, reference
 from .test_attention import assert_close as assert_attention_close
 from .test_matmul import assert_matches, float64_values, randn, trace
@@ -120,13 +120,13 @@ ATTENTION_CASES = {
 }
 
 
-def run_attention(gm, args, op, ctx):
-    """(outputs, spec, trace) of the graph's attention node lowered for `ctx`, launched with spec.grid."""
+def run_node(gm, args, op, ctx):
+    """(outputs, spec, trace) of the graph's last `op` node lowered for `ctx`, launched with spec.grid."""
     _, spec, kernel = kernel_for(gm, op, ctx=ctx)
     values = graph_values(gm, args)
     with sim.trace() as recorded:
         outputs = kernel(*(values[n] for n in spec.inputs))
-    return list(outputs), spec, recorded
+    return list(outputs) if isinstance(outputs, (tuple, list)) else [outputs], spec, recorded
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
@@ -141,8 +141,8 @@ def test_lnc2_attention_matches_lnc1_bit_for_bit(case, dtype):
     expected = reference(attention_case, inputs, grad_out)
     for kind, op, loop, names in (("fw", FORWARD, fw_loop, ("out", "lse")),
                                   ("bw", BACKWARD, bw_loop, ("grad_query", "grad_key", "grad_value"))):
-        one, one_spec, one_trace = run_attention(*graphs[kind], op, LNC1)
-        two, two_spec, two_trace = run_attention(*graphs[kind], op, LNC2)
+        one, one_spec, one_trace = run_node(*graphs[kind], op, LNC1)
+        two, two_spec, two_trace = run_node(*graphs[kind], op, LNC2)
         assert one_spec.grid == 1 and (two_spec.params["split"] or {}).get("loop") == loop, kind
         assert two_spec.grid == (2 if loop else 1)
         for name, a, b in zip(names, one, two):
@@ -151,3 +151,40 @@ def test_lnc2_attention_matches_lnc1_bit_for_bit(case, dtype):
         # every output element stored once, by one program (see the matmul test)
         total = sum(t.numel() * t.element_size() for t in two)
         assert hbm_store_bytes(two_trace) == hbm_store_bytes(one_trace) == total, kind
+
+
+ROW_CASES = {
+    # name: (rows, cols, row tiles split over the programs)
+    "two_row_tiles": (200, 1000, True),
+    "three_row_tiles_uneven": (300, 64, True),
+    "one_row_tile": (3, 7, False),  # nothing to share: one program
+}
+
+
+def row_graphs(rows, cols, dtype):
+    """(graph, args, op) of rms_norm, softmax and its backward over [rows, cols]."""
+    x = randn(rows, cols, dtype=dtype)
+    weight, dy = randn(cols, dtype=dtype, seed=1), randn(rows, cols, dtype=dtype, seed=2)
+    y = torch.softmax(x.float(), -1).to(dtype)
+    aten = torch.ops.aten
+    yield (*op_graph(aten._fused_rms_norm.default, x, [cols], weight, 1e-6), aten._fused_rms_norm.default)
+    yield (*op_graph(aten._softmax.default, x, -1, False), aten._softmax.default)
+    yield (*op_graph(aten._softmax_backward_data.default, dy, y, -1, dtype), aten._softmax_backward_data.default)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("case", list(ROW_CASES))
+def test_lnc2_row_kernels_match_lnc1_bit_for_bit(case, dtype):
+    rows, cols, split = ROW_CASES[case]
+    for gm, args, op in row_graphs(rows, cols, dtype):
+        one, one_spec, one_trace = run_node(gm, args, op, LNC1)
+        two, two_spec, two_trace = run_node(gm, args, op, LNC2)
+        expected = graph_values(gm, args)
+        node = next(n for n in gm.graph.nodes if n.target is op)
+        assert one_spec.grid == 1 and two_spec.grid == (2 if split else 1) and two_spec.params["lnc_split"] == split
+        for a, b, want in zip(one, two, expected[node] if isinstance(expected[node], tuple) else (expected[node],)):
+            assert torch.equal(a, b), op
+            tol = 2e-2 if dtype == torch.bfloat16 else 1e-4
+            torch.testing.assert_close(b.float(), want.float(), rtol=tol, atol=tol)
+        total = sum(t.numel() * t.element_size() for t in two)
+        assert hbm_store_bytes(two_trace) == hbm_store_bytes(one_trace) == total, op
