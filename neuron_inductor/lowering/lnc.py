@@ -4,7 +4,7 @@ A kernel whose output falls into independent blocks along some loop (matmul: bat
 or column blocks; attention: batches, heads, query tiles) gives each program of its SPMD launch
 (`kernel[2](...)`) every nl.num_programs(0)-th iteration of that loop from its nl.program_id(0) on
 (`_lnc.py.j2`; interleaved, so a causal kernel's short and long query tiles are dealt out alike).
-Row-normalising kernels (rms_norm, softmax), whose row tiles are unrolled at render time, deal the
+Row-normalising kernels (rms_norm, layer_norm forward, softmax), whose row tiles are unrolled at render time, deal the
 tiles out the same way: tile i runs on program i % nl.num_programs(0).
 The shares are disjoint and cover the loop, and every store an iteration makes lies inside its own
 block, so no two programs write the same output element (no races, no core_barrier). The kernel

@@ -177,12 +177,13 @@ def lower_layer_norm(ctx: LoweringContext, node: fx.Node) -> KernelSpec:
     shape = _shape(x)
     # Live per column: x, a temporary, y, and the weight and bias (each a row and its broadcast).
     layout = row_layout(ctx, shape, len(normalized_shape), 28)
+    split = split_row_tiles(ctx, layout)  # the backward's weight / bias gradients sum over every row tile: not split
     return KernelSpec(
         family="layer_norm",
         params={"mode": "forward", "eps": float(eps), "has_weight": weight is not None,
-                "has_bias": bias is not None, **layout},
+                "has_bias": bias is not None, "lnc_split": split, **layout},
         inputs=[x, *_optional_float(weight, "weight"), *_optional_float(bias, "bias")],
-        outputs=result_values(node), flops=8 * math.prod(shape))
+        outputs=result_values(node), flops=8 * math.prod(shape), grid=ctx.lnc if split else 1)
 
 
 @register_lowering(aten.native_layer_norm_backward.default)

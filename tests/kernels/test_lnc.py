@@ -1,7 +1,8 @@
 """Kernels that split their work over the two physical cores of an LNC=2 logical core (lowering/lnc.py):
 each program of the `kernel[2]` launch computes a disjoint part of the output, the results equal the
 LNC=1 kernel's bit for bit (the per-element math is the same), and the cost model charges the slower
-program. Families: matmul, attention forward / backward, rms_norm, softmax forward / backward."""
+program. Families: matmul, attention forward / backward, rms_norm, layer_norm forward, softmax forward /
+backward."""
 
 from __future__ import annotations
 
@@ -162,12 +163,13 @@ ROW_CASES = {
 
 
 def row_graphs(rows, cols, dtype):
-    """(graph, args, op) of rms_norm, softmax and its backward over [rows, cols]."""
+    """(graph, args, op) of rms_norm, layer_norm, softmax and its backward over [rows, cols]."""
     x = randn(rows, cols, dtype=dtype)
     weight, dy = randn(cols, dtype=dtype, seed=1), randn(rows, cols, dtype=dtype, seed=2)
     y = torch.softmax(x.float(), -1).to(dtype)
     aten = torch.ops.aten
     yield (*op_graph(aten._fused_rms_norm.default, x, [cols], weight, 1e-6), aten._fused_rms_norm.default)
+    yield (*op_graph(aten.native_layer_norm.default, x, [cols], weight, dy[0], 1e-5), aten.native_layer_norm.default)
     yield (*op_graph(aten._softmax.default, x, -1, False), aten._softmax.default)
     yield (*op_graph(aten._softmax_backward_data.default, dy, y, -1, dtype), aten._softmax_backward_data.default)
 
