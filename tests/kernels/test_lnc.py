@@ -190,3 +190,42 @@ def test_lnc2_row_kernels_match_lnc1_bit_for_bit(case, dtype):
             torch.testing.assert_close(b.float(), want.float(), rtol=tol, atol=tol)
         total = sum(t.numel() * t.element_size() for t in two)
         assert hbm_store_bytes(two_trace) == hbm_store_bytes(one_trace) == total, op
+
+
+class _Block(torch.nn.Module):
+    """linear -> RMSNorm -> causal attention -> linear -> softmax, forward and backward."""
+
+    def __init__(self, dim=64, heads=2):
+        super().__init__()
+        self.heads = heads
+        self.up, self.down = torch.nn.Linear(dim, 3 * dim), torch.nn.Linear(dim, 600)
+        self.norm = torch.nn.RMSNorm(3 * dim)
+
+    def forward(self, x):
+        q, k, v = self.norm(self.up(x)).unflatten(-1, (3, self.heads, -1)).permute(2, 0, 3, 1, 4)
+        out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.down(out.transpose(1, 2).flatten(-2)).softmax(-1)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, pytest.param(torch.bfloat16, marks=pytest.mark.slow)], ids=str)
+def test_compiled_step_at_lnc2_matches_lnc1(dtype, fresh_compile_state):
+    """Through torch.compile: the lnc option picks the split kernels (grid 2 in the artifact), and the
+    outputs and gradients equal the LNC=1 step's exactly."""
+    from neuron_inductor.observe import session
+
+    results, grids = {}, {}
+    for lnc in ("1", "2"):
+        torch.manual_seed(0)
+        model = _Block().to(dtype)
+        x = torch.randn(2, 160, 64, dtype=dtype)
+        torch._dynamo.reset()
+        first = len(session.BUCKETS)
+        out = torch.compile(model, backend="neuron", options={"lnc": lnc})(x)
+        out.float().pow(2).sum().backward()
+        results[lnc] = [out.detach(), *(p.grad for p in model.parameters())]
+        grids[lnc] = {k["family"]: k["grid"] for b in session.BUCKETS[first:] for k in b.artifact.meta["kernels"]
+                      if k["grid"] != 1}
+    assert grids["1"] == {}
+    assert {"matmul", "attention_fwd", "attention_bwd", "softmax"} <= set(grids["2"]) and set(grids["2"].values()) == {2}
+    for one, two in zip(results["1"], results["2"]):
+        assert torch.equal(one, two)
