@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .. import sim
+from ..config import ConfigError
 from ..sim.targets import KIB
 
 FP32_BYTES = 4
@@ -42,7 +43,7 @@ class LoweringContext:
         resolved = sim.get_target(target)
         lnc = resolved.default_lnc if lnc is None else lnc
         if lnc not in range(1, resolved.default_lnc + 1):
-            raise ValueError(f"lnc={lnc!r}: a {resolved.name} logical NeuronCore has 1 to "
+            raise ConfigError(f"option lnc={lnc!r}: a {resolved.name} logical NeuronCore has 1 to "
                              f"{resolved.default_lnc} physical cores (set the lnc option or "
                              "NEURON_LOGICAL_NC_CONFIG accordingly)")
         return cls(resolved, _tile_sizes(resolved), lnc)

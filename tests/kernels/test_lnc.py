@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from neuron_inductor import sim
+from neuron_inductor.config import ConfigError
 from neuron_inductor.lowering.context import LoweringContext
 from neuron_inductor.lowering.lnc import plan_split
 from neuron_inductor.lowering.registry import LOWERINGS
@@ -108,7 +109,7 @@ def test_plan_split_picks_the_most_even_loop():
 
 def test_lnc_is_checked_against_the_target():
     assert LoweringContext.for_target("trn1").lnc == 1 and LNC2.lnc == 2
-    with pytest.raises(ValueError, match="trn1 logical NeuronCore has 1 to 1"):
+    with pytest.raises(ConfigError, match="option lnc=2: a trn1 logical NeuronCore has 1 to 1 .* NEURON_LOGICAL_NC_CONFIG"):
         LoweringContext.for_target("trn1", lnc=2)
 
 
