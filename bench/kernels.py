@@ -3,11 +3,16 @@
     python bench/kernels.py                 # every case
     python bench/kernels.py matmul_bf16     # cases whose name contains "matmul_bf16"
     python bench/kernels.py --published     # the model next to published hardware measurements
+    python bench/kernels.py --lnc 2 matmul  # kernels split over the 2 physical cores of an LNC=2 core
 
 Each case traces a small function with the Neuron decomposition table, lowers the one node of
 its `op`, renders the kernel, runs it on real tensors under `neuron_inductor.sim.trace()` and
-reports the cost model's one-NeuronCore estimate next to the roofline: TensorE peak (79 TFLOPS
-bf16 / 20 TFLOPS fp32 per core) or HBM traffic at the core's DMA bandwidth, whichever is slower.
+reports the cost model's estimate next to the roofline: TensorE peak (79 TFLOPS bf16 / 20 TFLOPS
+fp32 per physical core) or HBM traffic at the core's DMA bandwidth, whichever is slower. `--lnc 2`
+lowers for a logical core of two physical cores (kernels that split their work launch two programs)
+and the roofline is the logical core's: twice the peak and twice the DMA bandwidth, so "% roof" stays
+a fraction of the hardware the kernel may use (LNC=1, the default, is one physical core; the
+published figures are compared at LNC=1).
 
 Adding a family: append `BenchCase`s to KERNELS (`build` returns the function and its inputs) and,
 for targets that need extra checks, give the case a `check`; the table and report_row stay as they
@@ -84,25 +89,29 @@ def _node_values(gm: fx.GraphModule, args) -> dict[fx.Node, torch.Tensor]:
 
 
 def report_row(case: BenchCase, estimate: sim.Estimate, flops: int, hbm_bytes: int, instructions: int,
-               wall_s: float) -> Row:
-    """One table row: the estimate against the roofline max(FLOPs / TensorE peak, bytes / DMA bandwidth)."""
+               wall_s: float, lnc: int = 1) -> Row:
+    """One table row: the estimate against the roofline max(FLOPs / TensorE peak, bytes / DMA bandwidth)
+    of a logical core of `lnc` physical cores."""
     target = sim.get_target(TARGET)
     dma_bandwidth = target.dma_queues * target.dma_queue_bytes_per_s
-    roofline = max(flops / TENSOR_PEAK_FLOPS[case.dtype], hbm_bytes / dma_bandwidth)
+    roofline = max(flops / TENSOR_PEAK_FLOPS[case.dtype], hbm_bytes / dma_bandwidth) / lnc
     return Row(case.name, case.shape, str(case.dtype).removeprefix("torch."), estimate.total_seconds * 1e6,
                roofline * 1e6, estimate.bound, instructions, wall_s, case.target_fraction)
 
 
-def trace_case(case: BenchCase):
-    """Lower the case's node, render and run its kernel; -> (spec, trace, HBM bytes, wall seconds)."""
+def trace_case(case: BenchCase, lnc: int = 1):
+    """Lower the case's node for a logical core of `lnc` physical cores, render and run its kernel
+    (with spec.grid programs); -> (spec, trace, HBM bytes, wall seconds)."""
     load_lowerings()
     fn, args = case.build()
     gm = make_fx(fn, decomposition_table=neuron_decompositions(), pre_dispatch=case.pre_dispatch)(*args)
     node = next(n for n in gm.graph.nodes if n.target is case.op)
-    ctx = LoweringContext.for_target(TARGET)
+    ctx = LoweringContext.for_target(TARGET, lnc)
     spec = LOWERINGS[node.target](ctx, node)
     spec.name = f"k0_{spec.family}"
     kernel = sim.load_kernels(render_kernel(spec, ctx), f"{spec.name}.py")[spec.name]
+    if spec.grid != 1:
+        kernel = kernel[spec.grid]
     values = _node_values(gm, args)
     inputs = [kernel_argument(values[n]) for n in spec.inputs]
     start = time.perf_counter()
@@ -114,9 +123,9 @@ def trace_case(case: BenchCase):
     return spec, recorded, hbm_bytes, wall
 
 
-def run_case(case: BenchCase) -> Row:
-    spec, recorded, hbm_bytes, wall = trace_case(case)
-    return report_row(case, recorded.estimate(TARGET), spec.flops, hbm_bytes, len(recorded), wall)
+def run_case(case: BenchCase, lnc: int = 1) -> Row:
+    spec, recorded, hbm_bytes, wall = trace_case(case, lnc)
+    return report_row(case, recorded.estimate(TARGET), spec.flops, hbm_bytes, len(recorded), wall, lnc)
 
 
 def format_table(rows: list[Row]) -> str:
@@ -415,10 +424,17 @@ def main(argv: list[str]) -> int:
     if argv == ["--published"]:
         print(published_table())
         return 0
+    lnc = 1
+    if argv[:1] == ["--lnc"]:
+        if len(argv) < 2 or argv[1] not in ("1", "2"):
+            print("--lnc takes 1 or 2 (physical cores per logical core)", file=sys.stderr)
+            return 2
+        lnc, argv = int(argv[1]), argv[2:]
     selected = [case for name, case in KERNELS.items() if not argv or any(word in name for word in argv)]
     rows = []
+    print(f"LNC={lnc}: roofline and '% roof' against {lnc} physical core(s)")
     for case in selected:
-        rows.append(run_case(case))
+        rows.append(run_case(case, lnc))
         print(format_table(rows[-1:]).splitlines()[-1], flush=True)
     print()
     print(format_table(rows))

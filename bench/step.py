@@ -4,6 +4,7 @@ forward and backward, at the sizes users train.
     python bench/step.py                     # d2048: d=2048, S=2048, vocab 32000, 16/8 heads, SwiGLU 5632
     python bench/step.py --config llama3-8b-layer [--seq 2048]   # one Llama-3-8B decoder layer, no vocabulary
     python bench/step.py --config quick      # small, for tests
+    python bench/step.py --lnc 1             # kernels for one physical core (default: trn2's LNC=2)
     python bench/step.py --perfetto step.json --json step_report.json
 
 It compiles `model(ids, labels).backward()` (or a decoder layer's `mean(out^2).backward()`) with
@@ -13,7 +14,9 @@ records its estimate; see compiler.check_kernels) and reports, from the compiled
 - the estimated step time: the sum over kernel launches of each launch's estimate (cost_model.py:
   busiest engine + serial term, or the dependency chain, + a fixed launch cost; nothing overlaps
   across kernels), and host fallbacks (which have no device estimate and are listed);
-- MFU: useful FLOPs / (step time x 79 TF/s, one trn2 NeuronCore's dense BF16 peak);
+- MFU: useful FLOPs / (step time x the logical NeuronCore's dense BF16 peak): lnc x 79 TF/s, i.e.
+  158 TF/s at trn2's default LNC=2 (the step occupies both physical cores, whether or not a kernel
+  splits its work over them) and 79 TF/s with --lnc 1;
 - a table per kernel family: launches, estimated ms, share of the step, TensorE GFLOP;
 - TensorE FLOPs (every nc_matmul / TensorE transpose the kernels executed) against the useful FLOPs:
   FlopCounterMode's count of the eager step (run on the meta device), less the causal-masked half of
@@ -106,11 +109,12 @@ def useful_flops(config: StepConfig) -> float:
     return counter.get_total_flops() - attention / 2
 
 
-def run_step(config: StepConfig) -> list:
-    """Compile and run one step; -> the compiled programs (session.CompiledBucket: forward, backward) in run order."""
+def run_step(config: StepConfig, lnc: int) -> list:
+    """Compile (for a logical core of `lnc` physical cores) and run one step; -> the compiled programs
+    (session.CompiledBucket: forward, backward) in run order."""
     torch._dynamo.reset()
     model, args = build(config)
-    compiled = torch.compile(model, backend="neuron")
+    compiled = torch.compile(model, backend="neuron", options={"lnc": str(lnc)})
     first = len(session.BUCKETS)
     compiled(*args).backward()
     return session.BUCKETS[first:]
@@ -134,7 +138,7 @@ EMBEDDING_OPS = ("aten.embedding.default", "aten.embedding_dense_backward.defaul
 GOALS = {"mfu": 0.60, "embedding_share": 0.02, "tensor_over_useful": 1.05}
 
 
-def summarize(config: StepConfig, programs: list, useful: float, wall: float) -> dict:
+def summarize(config: StepConfig, programs: list, useful: float, wall: float, lnc: int) -> dict:
     step = launches(programs)
     seconds = sum(k["seconds"] for k in step)
     embedding = sum(k["seconds"] for k in step if any(op in EMBEDDING_OPS for op in k["ops"]))
@@ -145,9 +149,10 @@ def summarize(config: StepConfig, programs: list, useful: float, wall: float) ->
         family["launches"] += 1
         family["seconds"] += k["seconds"]
         family["tensor_flops"] += k["tensor_flops"]
-    peak = get_target(TARGET).bf16_flops
+    peak = lnc * get_target(TARGET).bf16_flops  # the logical core's: every physical core it has
     return {
-        "config": asdict(config), "target": TARGET, "launches": len(step), "step_seconds": seconds,
+        "config": asdict(config), "target": TARGET, "lnc": lnc, "peak_flops": peak,
+        "launches": len(step), "step_seconds": seconds,
         "useful_flops": useful, "tensor_flops": tensor_flops, "tensor_over_useful": tensor_flops / useful,
         "mfu": useful / (seconds * peak), "physical_bound_seconds": useful / peak,
         "embedding_share": embedding / seconds,
@@ -164,7 +169,8 @@ def format_summary(name: str, s: dict) -> str:
     lines = [
         f"{name}: {shape}, bf16 training step (forward + backward)",
         f"  estimated {s['target']} step {s['step_seconds'] * 1e3:.2f} ms over {s['launches']} kernel launches; "
-        f"physical bound {s['physical_bound_seconds'] * 1e3:.2f} ms (useful FLOPs at 79 TF/s): MFU {s['mfu']:.1%}",
+        f"physical bound {s['physical_bound_seconds'] * 1e3:.2f} ms (useful FLOPs at {s['peak_flops'] / 1e12:.0f} TF/s, "
+        f"LNC={s['lnc']}): MFU {s['mfu']:.1%}",
         f"  TensorE {s['tensor_flops'] / 1e9:.1f} GFLOP vs useful {s['useful_flops'] / 1e9:.1f} GFLOP: "
         f"{s['tensor_over_useful']:.2f}x",
         f"  embedding kernels (forward and backward) {s['embedding_share']:.1%} of the step",
@@ -194,13 +200,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seq", type=int, help="override the config's sequence length")
     parser.add_argument("--perfetto", metavar="FILE", help="write the step's kernel launches as a Perfetto trace")
     parser.add_argument("--json", metavar="FILE", help="write the summary (every launch included) as JSON")
+    parser.add_argument("--lnc", type=int, choices=(1, 2), default=get_target(TARGET).default_lnc,
+                        help="physical cores per logical core the kernels split over; the MFU peak is lnc x 79 TF/s")
     args = parser.parse_args(argv)
     config = CONFIGS[args.config]
     if args.seq:
         config = StepConfig(**{**asdict(config), "seq": args.seq})
     start = time.perf_counter()
-    programs = run_step(config)
-    summary = summarize(config, programs, useful_flops(config), time.perf_counter() - start)
+    programs = run_step(config, args.lnc)
+    summary = summarize(config, programs, useful_flops(config), time.perf_counter() - start, args.lnc)
     print(format_summary(args.config, summary))
     if args.perfetto:
         perfetto.write(perfetto_trace(summary), args.perfetto)

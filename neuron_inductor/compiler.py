@@ -61,12 +61,18 @@ def _describe_kernel(spec: KernelSpec) -> dict[str, Any]:
         "output_dtypes": [str((o.meta["val"] if isinstance(o, fx.Node) else o).dtype) for o in spec.outputs],
         "ops": sorted({op_name(o) for o in spec.outputs if isinstance(o, fx.Node)}),
         "written_arguments": spec.written_arguments,
+        "grid": spec.grid,
     }
 
 
 def written_arguments(artifact: CompiledArtifact) -> dict[str, list[int]]:
     """Per kernel, the positions of the arguments it writes into."""
     return {k["name"]: k.get("written_arguments", []) for k in artifact.meta.get("kernels", [])}
+
+
+def kernel_grids(artifact: CompiledArtifact) -> dict[str, int]:
+    """Per kernel, the programs of its launch (more than 1 when it splits its work over the LNC)."""
+    return {k["name"]: k.get("grid", 1) for k in artifact.meta.get("kernels", [])}
 
 
 def _kernel_nodes(spec: KernelSpec) -> set[fx.Node]:
@@ -84,10 +90,11 @@ def _kernel_nodes(spec: KernelSpec) -> set[fx.Node]:
 
 
 def compile_static_graph(gm: fx.GraphModule, fallback_mode: str, target: str,
-                         force_fallback: dict[fx.Node, str] | None = None) -> tuple[CompiledArtifact, LoweredGraph]:
-    """Lower and render `gm` for `target` (the `target` option): one LoweringContext reaches every
-    lowering and every template."""
-    ctx = LoweringContext.for_target(target)
+                         force_fallback: dict[fx.Node, str] | None = None,
+                         lnc: int | None = None) -> tuple[CompiledArtifact, LoweredGraph]:
+    """Lower and render `gm` for `target` (the `target` option) and a logical core of `lnc` physical
+    cores (None: the target's default): one LoweringContext reaches every lowering and every template."""
+    ctx = LoweringContext.for_target(target, lnc)
     timings: dict[str, float] = {}
     start = time.perf_counter()
     lowered = lower_graph(gm, ctx, fallback_mode, force_fallback or {})
@@ -181,13 +188,13 @@ def build_kernels(toolchain: Toolchain, artifact: CompiledArtifact) -> dict[str,
     as steps running the user's kernels (built by the same toolchain)."""
     users = artifact.meta.get("user_kernels", {})
     kernels = toolchain.build({name: s for name, s in artifact.kernel_sources.items() if name not in users},
-                              written_arguments(artifact))
+                              written_arguments(artifact), kernel_grids(artifact))
     kernels.update(user_kernels.build_steps(users, toolchain))
     return kernels
 
 
-def compile_and_build(gm: fx.GraphModule, fallback_mode: str, toolchain: Toolchain,
-                      target: str, verdicts=None) -> tuple[CompiledArtifact, LoweredGraph, dict[str, Callable]]:
+def compile_and_build(gm: fx.GraphModule, fallback_mode: str, toolchain: Toolchain, target: str,
+                      verdicts=None, lnc: int | None = None) -> tuple[CompiledArtifact, LoweredGraph, dict[str, Callable]]:
     """Compile a static graph and build its kernels; check them in the interpreter first (kernels
     with a stored passing verdict in `verdicts` are not run again, see `check_kernels`).
 
@@ -197,7 +204,7 @@ def compile_and_build(gm: fx.GraphModule, fallback_mode: str, toolchain: Toolcha
     """
     force: dict[fx.Node, str] = {}
     while True:
-        artifact, lowered = compile_static_graph(gm, fallback_mode, target, force)
+        artifact, lowered = compile_static_graph(gm, fallback_mode, target, force, lnc)
         start = time.perf_counter()
         kernels = build_kernels(toolchain, artifact)
         artifact.meta["timings"]["compile"] = time.perf_counter() - start

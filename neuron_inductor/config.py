@@ -91,6 +91,12 @@ class NeuronConfig:
         "they obey (the interpreter checks and runs them with its rules and capacities), and whose cost model "
         "estimates time.",
         codegen=True)
+    lnc: str = _option(
+        "auto", "NEURON_LOGICAL_NC_CONFIG", _choice("auto", "1", "2"),
+        "Physical NeuronCores per logical core (LNC) the kernels split their work over: 'auto' is the "
+        "target's default (2 on trn2 / trn3, 1 on trn1). Read from the variable the Neuron Runtime reads, "
+        "so the kernels and the 'neuron' toolchain's launches agree.",
+        codegen=True)
     fallback: str = _option(
         "warn", "NEURON_INDUCTOR_FALLBACK", _choice("warn", "allow", "error"),
         "Ops without a lowering run as eager ATen calls: 'warn' logs each once, 'allow' only counts them, "

@@ -282,7 +282,8 @@ class GraphRunner:
         bucket_seconds = time.perf_counter() - start  # the 'bucket' stage of the compile log (observe/)
         verdicts = get_cache(self.config.cache_dir, self.config.cache_secret).checks
         artifact, lowered, kernels = compile_and_build(static_gm, self.config.fallback, self.toolchain,
-                                                       self.config.target, verdicts)
+                                                       self.config.target, verdicts,
+                                                       None if self.config.lnc == "auto" else int(self.config.lnc))
         artifact.meta["timings"]["bucket"] = bucket_seconds
         program = self._load_program(artifact, static_gm, kernels, lowered)
         artifact.meta["compile_seconds"] = time.perf_counter() - start

@@ -44,6 +44,7 @@ def _first_call_error(fn, *args, **compile_kwargs) -> BaseException:
 BAD_VALUES = {
     "toolchain": ("gpu", "accepted values: auto, simulator, neuron"),
     "target": ("trn4", "accepted values: trn1, trn2, trn3"),
+    "lnc": ("4", "accepted values: auto, 1, 2"),
     "fallback": ("sometimes", "accepted values: warn, allow, error"),
     "buckets": ("128,64", "accepted: 'N' (next multiple of N"),
     "verify": ("loud", "accepted values: off, warn, raise"),

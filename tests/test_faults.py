@@ -326,11 +326,12 @@ def break_kernels(monkeypatch):
         lines.insert(returns[-1] if returns else len(lines), "    nl.ndarray((256, 1), dtype=nl.float32, buffer=nl.sbuf)")
         return "\n".join(lines) + "\n"
 
-    def build_with_bugs(self, sources: dict[str, str], written=None):
+    def build_with_bugs(self, sources: dict[str, str], written=None, grids=None):
         broken = [name for name in sources if name.split("_", 1)[1] in families]  # names are k<i>_<family>
         built.extend(broken)
         assert len(built) <= 10, f"broken kernels built again and again: {built}"
-        return build(self, {name: with_bug(src) if name in broken else src for name, src in sources.items()}, written)
+        return build(self, {name: with_bug(src) if name in broken else src for name, src in sources.items()}, written,
+                     grids)
 
     monkeypatch.setattr(SimulatorToolchain, "build", build_with_bugs)
     return lambda *names: families.update(names)

@@ -230,8 +230,8 @@ def broken_last_kernel(monkeypatch):
     """Make the last kernel of every compiled graph return its result + 1 (a wrong kernel)."""
     build = SimulatorToolchain.build
 
-    def broken_build(self, sources, written=None):
-        kernels = build(self, sources, written)
+    def broken_build(self, sources, written=None, grids=None):
+        kernels = build(self, sources, written, grids)
         last = list(kernels)[-1]
         good = kernels[last]
         kernels[last] = lambda *args: good(*args) + 1

@@ -29,6 +29,7 @@ import torch.fx as fx
 from .common import bind_arguments, result_values, val
 from .context import KIB, LoweringContext
 from .ir import KernelSpec, Unsupported
+from .lnc import plan_split
 from .registry import register_lowering
 
 aten = torch.ops.aten
@@ -150,12 +151,17 @@ def lower_sdpa_forward(ctx: LoweringContext, node: fx.Node) -> KernelSpec:
     itemsize = val(args["query"]).element_size()
     _check_sbuf(ctx, "attention forward", _forward_sbuf_bytes(shapes, itemsize, mask))
     inputs = [args["query"], args["key"], args["value"]] + ([args["attn_mask"]] if mask else [])
+    # out and lse rows of one (batch, head, query tile) are written by that iteration alone
+    split = plan_split(ctx, {"batch": shapes["batch"], "kv_heads": shapes["kv_heads"], "group": shapes["group"],
+                             "q_tiles": math.ceil(shapes["q_len"] / shapes["q_tile"])})
     return KernelSpec(
         family="attention_fwd",
-        params=dict(shapes, causal=causal, mask=mask, kv_block=KV_BLOCK_BANKS[min(itemsize, 4)] * ctx.tile.psum_fmax),
+        params=dict(shapes, causal=causal, mask=mask, kv_block=KV_BLOCK_BANKS[min(itemsize, 4)] * ctx.tile.psum_fmax,
+                    split=split),
         inputs=inputs,
         outputs=result_values(node),
         flops=2 * _score_flops(shapes, causal),  # QK^T and PV
+        grid=ctx.lnc if split else 1,
     )
 
 
@@ -173,10 +179,13 @@ def lower_sdpa_backward(ctx: LoweringContext, node: fx.Node) -> KernelSpec:
     inputs = [args["grad_out"], args["query"], args["key"], args["value"], args["out"], args["logsumexp"]]
     if mask:
         inputs.append(args["attn_mask"])
+    # dK / dV of a kv head sum over its query heads and every query tile: only whole kv heads split
+    split = plan_split(ctx, {"batch": shapes["batch"], "kv_heads": shapes["kv_heads"]})
     return KernelSpec(
         family="attention_bwd",
-        params=dict(shapes, causal=causal, mask=mask),
+        params=dict(shapes, causal=causal, mask=mask, split=split),
         inputs=inputs,
         outputs=result_values(node),
         flops=5 * _score_flops(shapes, causal),  # QK^T, dO V^T, P^T dO, dS^T Q, dS K
+        grid=ctx.lnc if split else 1,
     )

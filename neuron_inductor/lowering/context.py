@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .. import sim
+from ..config import ConfigError
 from ..sim.targets import KIB
 
 FP32_BYTES = 4
@@ -33,12 +34,19 @@ class TileSizes:
 class LoweringContext:
     target: sim.Target
     tile: TileSizes
+    lnc: int = 1  # physical cores per logical core: kernels that split their work use this many programs
 
     @classmethod
-    def for_target(cls, target: str | sim.Target) -> LoweringContext:
-        """The context of a target name (trn1 / trn2 / trn3, or gen2..gen4) or Target."""
+    def for_target(cls, target: str | sim.Target, lnc: int | None = None) -> LoweringContext:
+        """The context of a target name (trn1 / trn2 / trn3, or gen2..gen4) or Target, for a logical
+        core of `lnc` physical cores (None: the target's default, 2 on trn2 / trn3, 1 on trn1)."""
         resolved = sim.get_target(target)
-        return cls(resolved, _tile_sizes(resolved))
+        lnc = resolved.default_lnc if lnc is None else lnc
+        if lnc not in range(1, resolved.default_lnc + 1):
+            raise ConfigError(f"option lnc={lnc!r}: a {resolved.name} logical NeuronCore has 1 to "
+                             f"{resolved.default_lnc} physical cores (set the lnc option or "
+                             "NEURON_LOGICAL_NC_CONFIG accordingly)")
+        return cls(resolved, _tile_sizes(resolved), lnc)
 
     def sbuf_budget(self, reserve: int) -> int:
         """Bytes per partition a family's budgeted tiles may take: the usable SBUF minus `reserve`,

@@ -35,6 +35,8 @@ class KernelSpec:
     inplace: for kernels that write into an input instead of returning (copy_ into a graph input):
              maps an output position to the input position it aliases.
     flops:   analytic FLOPs of the math this kernel does (TensorE FLOPs for matmul-like kernels).
+    grid:    programs of its SPMD launch: the context's lnc when the kernel splits its work over
+             nl.program_id(0) (lowering/lnc.py), else 1.
     """
 
     family: str
@@ -43,6 +45,7 @@ class KernelSpec:
     outputs: list[fx.Node | torch.Tensor]
     flops: int = 0
     inplace: dict[int, int] = field(default_factory=dict)
+    grid: int = 1
     name: str = ""  # assigned by code generation: k<index>_<family>
 
     @property

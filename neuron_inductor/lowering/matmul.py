@@ -43,6 +43,7 @@ from ..tile_program import build_program, on_chip_name, resolve_program
 from .common import val
 from .context import KIB, LoweringContext
 from .ir import KernelSpec, Unsupported
+from .lnc import plan_split
 from .registry import register_lowering
 
 aten = torch.ops.aten
@@ -253,6 +254,9 @@ def _matmul_spec(ctx: LoweringContext, node: fx.Node, a: fx.Node, b: fx.Node, bi
         "epilogue": None,
         "blocking": plan_blocking(ctx, m, n, k, itemsize, "pe_transpose" in (a_load, b_load)),
     }
+    block_m = params["blocking"]["block_m"]
+    params["split"] = plan_split(ctx, {"batch": batch, "m": math.ceil(m / block_m),
+                                       "n": math.ceil(n / ctx.tile.moving_fmax)})
     if bias is not None:
         bias_val = val(bias)
         if bias_val.dim() == 0:
@@ -261,7 +265,8 @@ def _matmul_spec(ctx: LoweringContext, node: fx.Node, a: fx.Node, b: fx.Node, bi
             raise Unsupported(f"addmm bias of dtype {bias_val.dtype} with {out_val.dtype} operands")
         params["bias"] = {"kind": _bias_kind(tuple(bias_val.shape), m, n), "beta": float(beta)}
         inputs.append(bias)
-    return KernelSpec("matmul", params, inputs, [node], flops=2 * batch * m * n * k)
+    return KernelSpec("matmul", params, inputs, [node], flops=2 * batch * m * n * k,
+                      grid=ctx.lnc if params["split"] else 1)
 
 
 @register_lowering(aten.mm.default, aten.bmm.default)

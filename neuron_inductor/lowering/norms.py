@@ -22,6 +22,7 @@ import torch.fx as fx
 from .common import result_values, val
 from .context import KIB, LoweringContext
 from .ir import KernelSpec, Unsupported
+from .lnc import split_row_tiles
 from .registry import register_lowering
 
 aten = torch.ops.aten
@@ -140,10 +141,11 @@ def lower_softmax(ctx: LoweringContext, node: fx.Node) -> KernelSpec:
     x, dim, _half_to_float = node.args
     # Live per column (fp32 worst case): x, its exponentials, y.
     shape, layout = _softmax_layout(ctx, x, "input", dim, 12)
+    split = split_row_tiles(ctx, layout)
     return KernelSpec(
         family="softmax",
-        params={"mode": "forward", "log": node.target is aten._log_softmax.default, **layout},
-        inputs=[x], outputs=[node], flops=5 * math.prod(shape))
+        params={"mode": "forward", "log": node.target is aten._log_softmax.default, "lnc_split": split, **layout},
+        inputs=[x], outputs=[node], flops=5 * math.prod(shape), grid=ctx.lnc if split else 1)
 
 
 @register_lowering(aten._softmax_backward_data.default, aten._log_softmax_backward_data.default)
@@ -151,10 +153,12 @@ def lower_softmax_backward(ctx: LoweringContext, node: fx.Node) -> KernelSpec:
     grad_output, output, dim, _input_dtype = node.args
     # Live per column: dy, y, their product (or exp(y)), dx.
     shape, layout = _softmax_layout(ctx, output, "output", dim, 16)
+    split = split_row_tiles(ctx, layout)
     return KernelSpec(
         family="softmax",
-        params={"mode": "backward", "log": node.target is aten._log_softmax_backward_data.default, **layout},
-        inputs=[grad_output, output], outputs=[node], flops=4 * math.prod(shape))
+        params={"mode": "backward", "log": node.target is aten._log_softmax_backward_data.default,
+                "lnc_split": split, **layout},
+        inputs=[grad_output, output], outputs=[node], flops=4 * math.prod(shape), grid=ctx.lnc if split else 1)
 
 
 # --- layer norm --------------------------------------------------------------------------------
@@ -173,12 +177,13 @@ def lower_layer_norm(ctx: LoweringContext, node: fx.Node) -> KernelSpec:
     shape = _shape(x)
     # Live per column: x, a temporary, y, and the weight and bias (each a row and its broadcast).
     layout = row_layout(ctx, shape, len(normalized_shape), 28)
+    split = split_row_tiles(ctx, layout)  # the backward's weight / bias gradients sum over every row tile: not split
     return KernelSpec(
         family="layer_norm",
         params={"mode": "forward", "eps": float(eps), "has_weight": weight is not None,
-                "has_bias": bias is not None, **layout},
+                "has_bias": bias is not None, "lnc_split": split, **layout},
         inputs=[x, *_optional_float(weight, "weight"), *_optional_float(bias, "bias")],
-        outputs=result_values(node), flops=8 * math.prod(shape))
+        outputs=result_values(node), flops=8 * math.prod(shape), grid=ctx.lnc if split else 1)
 
 
 @register_lowering(aten.native_layer_norm_backward.default)
@@ -218,11 +223,12 @@ def lower_rms_norm(ctx: LoweringContext, node: fx.Node) -> KernelSpec:
         eps = torch.finfo(torch.float32).eps
     # Live per column: x, its squares, y, and the weight (a row and its broadcast).
     layout = row_layout(ctx, shape, len(normalized_shape), 20)
+    split = split_row_tiles(ctx, layout)
     return KernelSpec(
         family="rms_norm",
-        params={"eps": float(eps), "has_weight": weight is not None, **layout},
+        params={"eps": float(eps), "has_weight": weight is not None, "lnc_split": split, **layout},
         inputs=[x, *_optional_float(weight, "weight")],
-        outputs=result_values(node), flops=4 * math.prod(shape))
+        outputs=result_values(node), flops=4 * math.prod(shape), grid=ctx.lnc if split else 1)
 
 
 # --- cross-entropy (nll_loss over log-probabilities) -------------------------------------------

@@ -22,6 +22,15 @@ and the step is the sum over launches.
   per allocation (a tile, a PSUM buffer, an HBM tensor), not per byte: reads of one block of a buffer
   wait for the latest write to any block of it. Write-after-read and write-after-write are not
   dependencies (the compiler rotates buffers).
+- LNC=2 (trn2 / trn3 default): a logical NeuronCore is two physical cores (`Target.default_lnc`), and the programs
+  of an SPMD launch (`kernel[2](...)`, `nl.program_id(0)` 0 / 1) run concurrently on them, each with
+  its own five engines, DMA queues, SBUF and PSUM, sharing HBM. Each program is costed on its own
+  (busy engines, serial term, chain); programs go round-robin onto those cores (a core runs its
+  programs one after another, so on trn1 they add up), and the launch takes its slowest core plus
+  one launch cost. A launch's engine figures are that slowest core's, so engine totals are per
+  physical core. A kernel that does not split its work runs the same program on both cores on
+  hardware; the interpreter runs it once, which costs the same. `peak_fraction` counts the peak of
+  the cores a launch occupies (two for a split launch).
 - Launch cost: `launch_fixed_s` (2 us: a cross-engine semaphore, ~1.3 us DB, plus one hwDGE
   descriptor, ~600 ns A2; no source publishes a per-launch figure).
 
@@ -52,8 +61,8 @@ Per-instruction costs follow the cycle rules of nki-reference.md §3:
 
 Not modelled: engine contention inside a chain (the chain and the busy bound are each exact only
 at their extreme); semaphores and instruction-issue overhead beyond the launch cost; the HBM
-bandwidth shared by the 8 cores of a chip; the programs of an SPMD launch on separate cores (they
-are summed as if on one); PE row/column tiling concurrency; LoadStationary (overlapped on
+bandwidth shared by the 8 cores of a chip (and by the two cores of an LNC=2 launch); waits at
+core_barrier / sendrecv between the programs of a launch (each core's chain is its own); PE row/column tiling concurrency; LoadStationary (overlapped on
 hardware); SBUF bank conflicts; software-DGE descriptor cost on GpSimd; clock throttling.
 """
 
@@ -74,7 +83,8 @@ _READ_WRITE_OPS = frozenset({"nc_matmul"})  # accumulates into its PSUM dst
 
 @dataclass
 class LaunchEstimate:
-    """One kernel launch of a trace: instructions [start, stop)."""
+    """One kernel launch of a trace: instructions [start, stop). Under LNC=2 the engine, serial and
+    chain figures are those of the slowest physical core (the one the launch waits for)."""
     kernel: str
     start: int
     stop: int
@@ -83,6 +93,9 @@ class LaunchEstimate:
     serial_seconds: float
     chain_seconds: float           # longest dependency chain
     launch_seconds: float
+    programs: int = 1              # SPMD programs of the launch (kernel[2](...) under LNC=2)
+    cores: int = 1                 # physical cores they ran on
+    core_seconds: tuple = ()       # per physical core: its busy-or-chain bound, launch cost excluded
 
     @property
     def stall_seconds(self) -> float:
@@ -99,7 +112,7 @@ class Estimate:
     matmul_flops: int = 0
     dma_bytes: int = 0
     instructions: int = 0
-    peak_flops: float = 0.0  # dense BF16 TensorE peak of the target
+    peak_flops: float = 0.0  # dense BF16 TensorE peak of one physical core
     launch_seconds: float = 0.0  # fixed launch costs, summed
     stall_seconds: float = 0.0   # what dependency chains add over the pipelined bound, summed
     launches: list = field(default_factory=list)  # LaunchEstimate per kernel launch
@@ -111,8 +124,11 @@ class Estimate:
 
     @property
     def peak_fraction(self) -> float:
-        """Matmul FLOP/s over the TensorE BF16 peak (79 TF/core on trn2)."""
-        return self.matmul_flops / self.total_seconds / self.peak_flops if self.total_seconds else 0.0
+        """Matmul FLOPs over the TensorE BF16 peak of the physical cores the launches occupied for
+        their time (79 TF/s per core on trn2; a launch split over two cores counts both). A whole
+        logical core's MFU divides by lnc x peak x total_seconds instead (bench/step.py)."""
+        core_seconds = sum(l.seconds * l.cores for l in self.launches) if self.launches else self.total_seconds
+        return self.matmul_flops / core_seconds / self.peak_flops if core_seconds else 0.0
 
     def __repr__(self):
         engines = ", ".join(f"{e}={s * 1e6:.1f}us" for e, s in self.engine_seconds.items())
@@ -197,12 +213,14 @@ def instruction_seconds(ins, target=None) -> float:
     return _busy_and_latency(ins, target, _clocks(target))[0]
 
 
-def _launch(instructions, start: int, stop: int, target: Target, clocks: dict) -> tuple[LaunchEstimate, int, int]:
+def _program(instructions, indices, target: Target, clocks: dict) -> tuple[dict, float, float, int, int]:
+    """(busy per engine, serial term, longest dependency chain, matmul FLOPs, DMA bytes) of the
+    instructions at `indices`, run on one physical core."""
     busy = dict.fromkeys(ENGINES, 0.0)
     finished: dict[int, float] = {}  # allocation -> when its latest writer finishes (dependency chain)
     chain = 0.0
     transfers = matmul_flops = dma_bytes = 0
-    for index in range(start, stop):
+    for index in indices:
         ins = instructions[index]
         seconds, latency = _busy_and_latency(ins, target, clocks)
         busy[ins.engine] += seconds
@@ -224,9 +242,34 @@ def _launch(instructions, start: int, stop: int, target: Target, clocks: dict) -
             finished[alloc] = done
         chain = max(chain, done)
     serial = 2 * target.dma_fixed_s if transfers else 0.0
-    total = max(max(busy.values()) + serial, chain) + target.launch_fixed_s
+    return busy, serial, chain, matmul_flops, dma_bytes
+
+
+def _launch(instructions, start: int, stop: int, target: Target, clocks: dict) -> tuple[LaunchEstimate, int, int]:
+    # The programs of an SPMD launch, in order of first appearance, go round-robin onto the physical
+    # cores of the logical core; a core runs its programs one after another.
+    programs: dict[tuple, list[int]] = {}
+    for index in range(start, stop):
+        programs.setdefault(instructions[index].program_id, []).append(index)
+    cores = min(len(programs), target.default_lnc)
+    per_core = [[] for _ in range(cores)]
+    for number, indices in enumerate(programs.values()):
+        per_core[number % cores].append(indices)
+    matmul_flops = dma_bytes = 0
+    core_figures = []  # (seconds without the launch cost, busy, serial, chain) per core
+    for core_programs in per_core:
+        busy, serial, chain = dict.fromkeys(ENGINES, 0.0), 0.0, 0.0
+        for indices in core_programs:
+            p_busy, p_serial, p_chain, flops, nbytes = _program(instructions, indices, target, clocks)
+            for engine, seconds in p_busy.items():
+                busy[engine] += seconds
+            serial, chain = serial + p_serial, chain + p_chain
+            matmul_flops, dma_bytes = matmul_flops + flops, dma_bytes + nbytes
+        core_figures.append((max(max(busy.values()) + serial, chain), busy, serial, chain))
+    seconds, busy, serial, chain = max(core_figures, key=lambda figures: figures[0])
     kernel = instructions[start].kernel
-    return (LaunchEstimate(kernel, start, stop, total, busy, serial, chain, target.launch_fixed_s),
+    return (LaunchEstimate(kernel, start, stop, seconds + target.launch_fixed_s, busy, serial, chain,
+                           target.launch_fixed_s, len(programs), cores, tuple(f[0] for f in core_figures)),
             matmul_flops, dma_bytes)
 
 

@@ -62,6 +62,13 @@ class Target:
     # (~600 ns, A2). No source publishes a per-launch figure; this is their sum, rounded.
     launch_fixed_s: float = 2.0e-6
 
+    @property
+    def default_lnc(self) -> int:
+        """Physical NeuronCores of one logical core (LNC): 2 on NeuronCore-v3+ (trn2 / trn3 default to
+        LNC=2, nki.jit docs), 1 on trn1 (no LNC). The cost model runs an SPMD launch's programs on
+        this many cores."""
+        return 2 if self.nc_version >= 3 else 1
+
 
 TARGETS = {
     "trn1": Target(

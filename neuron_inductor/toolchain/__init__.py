@@ -20,9 +20,11 @@ log = logging.getLogger("neuron_inductor")
 class Toolchain(Protocol):
     name: str
 
-    def build(self, sources: dict[str, str], written: dict[str, list[int]] | None = None) -> dict[str, Callable]:
+    def build(self, sources: dict[str, str], written: dict[str, list[int]] | None = None,
+              grids: dict[str, int] | None = None) -> dict[str, Callable]:
         """Compile each kernel's standalone source; returns the kernels by name. `written`: per kernel,
-        the positions of the arguments it writes into (a toolchain that copies arguments copies those back)."""
+        the positions of the arguments it writes into (a toolchain that copies arguments copies those back).
+        `grids`: per kernel, the programs of its launch when it splits its work over the LNC (1 if absent)."""
 
     def adopt(self, kernel: Any) -> Callable:
         """A user's `@nki.jit` kernel (made by this toolchain's nki or the other's) as this toolchain runs it."""

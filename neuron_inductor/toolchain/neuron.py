@@ -101,7 +101,10 @@ class NeuronToolchain:
         self.lnc = logical_nc_config()
         self._adopted: dict[Callable, Callable] = {}
 
-    def build(self, sources: dict[str, str], written: dict[str, list[int]] | None = None) -> dict[str, Callable]:
+    def build(self, sources: dict[str, str], written: dict[str, list[int]] | None = None,
+              grids: dict[str, int] | None = None) -> dict[str, Callable]:
+        # Every kernel launches with the host's LNC (the runtime requires it), whatever `grids` says: a
+        # kernel that splits its work reads nl.num_programs(0), so it is whole at any LNC.
         kernels: dict[str, Callable] = {}
         for name, source in sources.items():
             digest = hashlib.sha256(source.encode()).hexdigest()[:16]

@@ -98,7 +98,8 @@ def load_kernel(spec: KernelSpec, source_check=None, ctx: LoweringContext = CTX)
     if source_check is not None:
         source_check(source)
     kernel = sim.load_kernels(source, f"<{spec.name}>")[spec.name]
-    return sim.Kernel(kernel.func, kernel.grid, ctx.target.name)
+    # launched as the toolchain launches it: spec.grid programs when the kernel splits its work (LNC)
+    return sim.Kernel(kernel.func, (spec.grid,), ctx.target.name)
 
 
 def kernel_for(gm: fx.GraphModule, target, source_check=None, ctx: LoweringContext = CTX):
