@@ -15,6 +15,7 @@ import torch
 from neuron_inductor import sim
 from neuron_inductor.sim import isa as nisa
 from neuron_inductor.sim import language as nl
+from neuron_inductor.sim import op_replay
 from neuron_inductor.sim import replay as sim_replay
 from neuron_inductor.sim import tensor as sim_tensor
 from neuron_inductor.sim.errors import NkiIndexError
@@ -184,12 +185,14 @@ def test_a_replayed_kernel_returns_its_argument_itself():
         assert kernel(x) is x
 
 
-def test_only_copy_kernels_with_whole_tiles_are_replayed():
+def test_copy_kernels_with_whole_tiles_replay_copies_and_others_operations():
     replayed = {}
     for func, x in [(_tiled_copy, torch.randn(10, 24)), (_half_tile, torch.randn(3, 8)),
                     (_in_place_shift, torch.randn(5, 8))]:
         kernel = sim.Kernel(func, replay=True)
         kernel(x.clone())
-        replayed[func.__name__] = {p is not None for (f, _), p in sim_replay._PLANS.items() if f is func}
-    # _in_place_shift's tiles are fused: each read's source (the row before) was not written after its load
-    assert replayed == {"_tiled_copy": {True}, "_half_tile": {False}, "_in_place_shift": {True}}
+        replayed[func.__name__] = {type(p) for (f, _), p in sim_replay._PLANS.items() if f is func}
+    # _in_place_shift's tiles are fused: each read's source (the row before) was not written after its load;
+    # _half_tile reads a tile written in part, so its copies cannot skip the tile: its operations are replayed
+    assert replayed == {"_tiled_copy": {sim_replay.Plan}, "_half_tile": {op_replay.Plan},
+                        "_in_place_shift": {sim_replay.Plan}}
