@@ -265,7 +265,7 @@ def plan_for(recorder: Recorder, result, instructions: list) -> Plan | None:
         wrong = _check_dispatch(function, calls, recorder.arg_tensors)
         if wrong is None:
             return Plan(function, instructions, {"recorded": len(ops), "replayed": len(calls), "guards": len(guards)})
-        slow.add(wrong)
+        slow.update(wrong)
     return None
 
 
@@ -498,19 +498,24 @@ def _check_dispatch(function, calls: list, args: tuple):
     """None if the generated function, run on copies of the arguments, dispatches exactly the
     planned operations; else the first planned operation it did not (its line falls back to the
     operation object)."""
-    copies = tuple(a.clone() for a in args)
+    copies = tuple(_same_layout_copy(a) for a in args)
     check = _DispatchCheck()
     try:
         with check:
             function(*copies)
     except Exception:  # noqa: BLE001 - a binding that takes other arguments: found below by position
         pass
-    for planned, seen in zip(calls, check.funcs):
-        if planned.func is not seen:
-            return planned.func
+    for index, (planned, seen) in enumerate(zip(calls, check.funcs)):
+        if planned.func is not seen:  # (the binding before may have dispatched one more)
+            return {planned.func} | ({calls[index - 1].func} if index else set())
     if len(check.funcs) != len(calls):
-        return calls[min(len(check.funcs), len(calls) - 1)].func
+        return {calls[min(len(check.funcs), len(calls) - 1)].func}
     return None
+
+
+def _same_layout_copy(t: torch.Tensor) -> torch.Tensor:
+    """A copy of `t` in a storage like its own (the plan's views address the storage)."""
+    return torch.empty(0, dtype=t.dtype).set_(t.untyped_storage().clone(), t.storage_offset(), t.size(), t.stride())
 
 
 def _same(a, b) -> bool:

@@ -20,7 +20,7 @@ import weakref
 
 import torch
 
-from . import dtypes, op_replay, tracing
+from . import dtypes, op_replay, rules, tracing
 from .targets import get_target
 from .tensor import NkiTensor
 
@@ -98,7 +98,8 @@ def signature(args: tuple, kwargs: dict, grid, platform_target) -> tuple | None:
             return None
         storages.add(ptr)
         parts.append((tuple(a.shape), a.stride(), a.storage_offset(), a.dtype))
-    return tuple(parts), get_target(platform_target).name, os.environ.get(dtypes.FP32_STORAGE_ENV, "")
+    return (tuple(parts), get_target(platform_target).name, os.environ.get(dtypes.FP32_STORAGE_ENV, ""),
+            os.environ.get(rules.STRICT_ENV, ""))
 
 
 _TENSOR_TYPES = (torch.Tensor, torch.nn.Parameter)  # (a parameter is a plain tensor to the kernel)
