@@ -1,7 +1,7 @@
 """The `neuron-inductor` console script: inspect the compile cache, dumps and kernels.
 
     neuron-inductor cache list | show KEY [--kernel NAME | --wrapper] | clear | explain [--last N]
-    neuron-inductor report [DUMP_DIR] [--all-runs] [--json]
+    neuron-inductor report [DUMP_DIR] [--all-runs] [--json] [--perfetto FILE]
     neuron-inductor replay DUMP_DIR/KERNEL [--random] [--seed N] [--target trn1|trn2|trn3]
 
 Usage errors exit with status 2 and say what is accepted; a failed check (a replay that does not
@@ -191,6 +191,9 @@ def _report(args: argparse.Namespace) -> int:
     except DumpError as exc:
         raise CliError(str(exc)) from None
     print(result.to_json() if args.json else result)
+    if args.perfetto:
+        print(f"wrote {result.write_perfetto(args.perfetto)} (open it in ui.perfetto.dev or chrome://tracing)",
+              file=sys.stderr if args.json else sys.stdout)
     return 0
 
 
@@ -244,6 +247,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="a dump folder, one run or one graph bucket in it (default: $NEURON_INDUCTOR_DUMP_DIR)")
     report.add_argument("--all-runs", action="store_true", help="every run in the dump folder, not only the newest")
     report.add_argument("--json", action="store_true", help="print JSON instead of the table")
+    report.add_argument("--perfetto", metavar="FILE", help="also write the kernels as a Chrome / Perfetto trace "
+                                                           "(one slice per kernel launch, one track per engine)")
     report.set_defaults(handler=_report)
 
     replay = verbs.add_parser("replay", help="re-run one dumped kernel in the interpreter and print its estimate",

@@ -23,6 +23,7 @@ from . import sim
 from .codegen.kernel_args import kernel_dtype, kernel_shape
 from .codegen.render import render_kernel, template_hash, unnamed
 from .codegen.wrapper import render_wrapper
+from .lowering.context import LoweringContext
 from .lowering.graph import LoweredGraph, lower_graph, op_name
 from .lowering.ir import KernelSpec
 from .nki_ops import lowering as user_kernels
@@ -81,11 +82,14 @@ def _kernel_nodes(spec: KernelSpec) -> set[fx.Node]:
     return found
 
 
-def compile_static_graph(gm: fx.GraphModule, fallback_mode: str,
+def compile_static_graph(gm: fx.GraphModule, fallback_mode: str, target: str,
                          force_fallback: dict[fx.Node, str] | None = None) -> tuple[CompiledArtifact, LoweredGraph]:
+    """Lower and render `gm` for `target` (the `target` option): one LoweringContext reaches every
+    lowering and every template."""
+    ctx = LoweringContext.for_target(target)
     timings: dict[str, float] = {}
     start = time.perf_counter()
-    lowered = lower_graph(gm, fallback_mode, force_fallback or {})
+    lowered = lower_graph(gm, ctx, fallback_mode, force_fallback or {})
     timings["lower"] = time.perf_counter() - start
 
     start = time.perf_counter()
@@ -93,7 +97,8 @@ def compile_static_graph(gm: fx.GraphModule, fallback_mode: str,
     for index, spec in enumerate(lowered.kernels):
         spec.name = f"k{index}_{spec.family}"
         progress.kernel_step("render", index, len(lowered.kernels), spec.name)  # a terminal line (observe/)
-        sources[spec.name] = user_kernels.source(spec) if spec.family == user_kernels.FAMILY else render_kernel(spec)
+        user = spec.family == user_kernels.FAMILY
+        sources[spec.name] = user_kernels.source(spec) if user else render_kernel(spec, ctx)
     wrapper_source, constants = render_wrapper(gm, lowered)
     timings["render"] = time.perf_counter() - start
 
@@ -191,7 +196,7 @@ def compile_and_build(gm: fx.GraphModule, fallback_mode: str, toolchain: Toolcha
     """
     force: dict[fx.Node, str] = {}
     while True:
-        artifact, lowered = compile_static_graph(gm, fallback_mode, force)
+        artifact, lowered = compile_static_graph(gm, fallback_mode, target, force)
         start = time.perf_counter()
         kernels = build_kernels(toolchain, artifact)
         artifact.meta["timings"]["compile"] = time.perf_counter() - start

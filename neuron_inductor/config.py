@@ -87,8 +87,9 @@ class NeuronConfig:
         codegen=True)
     target: str = _option(
         "trn2", "NEURON_INDUCTOR_TARGET", _choice("trn1", "trn2", "trn3"),
-        "Hardware generation whose limits the kernels obey (the interpreter checks and runs them with its "
-        "rules and capacities) and whose cost model estimates time.",
+        "Hardware generation the kernels are planned for (tile sizes, SBUF and PSUM budgets) and whose limits "
+        "they obey (the interpreter checks and runs them with its rules and capacities), and whose cost model "
+        "estimates time.",
         codegen=True)
     fallback: str = _option(
         "warn", "NEURON_INDUCTOR_FALLBACK", _choice("warn", "allow", "error"),

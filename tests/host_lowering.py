@@ -16,7 +16,7 @@ from neuron_inductor.lowering.ir import HostStep
 from neuron_inductor.lowering.registry import VIEW_OPS
 
 
-def lower_on_host(gm, fallback_mode="warn", force_fallback=None) -> LoweredGraph:
+def lower_on_host(gm, ctx, fallback_mode="warn", force_fallback=None) -> LoweredGraph:
     steps, fallbacks = [], []
     for node in gm.graph.nodes:
         if node.op == "get_attr":

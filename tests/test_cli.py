@@ -195,3 +195,19 @@ def test_help_lists_the_environment_flags(capsys):
     out = capsys.readouterr().out
     for flag in ("NEURON_INDUCTOR_DUMP_DIR", "NEURON_INDUCTOR_VERIFY", "NEURON_INDUCTOR_CACHE_DIR"):
         assert flag in out
+
+
+def test_report_writes_a_perfetto_trace_of_the_kernels(compiled, capsys, tmp_path):
+    from tests.test_perfetto import check_trace_json
+
+    dump_dir, _ = compiled
+    path = tmp_path / "step.json"
+    code, out, _ = run(capsys, "report", str(dump_dir), "--perfetto", str(path))
+    assert code == 0 and f"wrote {path}" in out
+    document = json.loads(path.read_text())
+    (launch,) = check_trace_json(document, launches=1)
+    assert launch["name"] == "k0_matmul" and launch["args"]["family"] == "matmul"
+    engines = {e["tid"] for e in document["traceEvents"] if e.get("cat") == "engine"}
+    assert len(engines) >= 2  # the kernel's per-engine busy times travel in report.json
+    code, out, err = run(capsys, "report", str(dump_dir), "--json", "--perfetto", str(path))
+    assert code == 0 and json.loads(out) and "wrote" in err  # stdout stays JSON

@@ -8,6 +8,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from neuron_inductor import support_table
 from neuron_inductor.decompositions import neuron_decompositions
 from neuron_inductor.lowering import registry
+from neuron_inductor.lowering.context import LoweringContext
 from neuron_inductor.lowering.graph import lower_graph
 from neuron_inductor.passes import pad_safety
 
@@ -47,7 +48,7 @@ def test_linear_decomposes_to_a_lowered_matmul_even_when_traced_before_dispatch(
         torch.randn(4, 8), torch.randn(3, 8), torch.randn(3))
     targets = [n.target for n in gm.graph.nodes if n.op == "call_function"]
     assert aten.linear.default not in targets and aten.addmm.default in targets
-    lowered = lower_graph(gm)
+    lowered = lower_graph(gm, LoweringContext.for_target("trn2"))
     assert lowered.fallbacks == [] and [k.family for k in lowered.kernels] == ["matmul"]
 
 

@@ -4,6 +4,8 @@ Each kernel family has one template, `codegen_templates/<family>.py.j2`. A templ
 - `kernel_name`: the function name to define;
 - `inputs` / `outputs`: lists of `TensorArg` (name, shape, dtype as an `nl.` expression, ...);
 - every key of the KernelSpec's `params`;
+- `tile` and `target`: the `LoweringContext`'s tile sizes (`tile.partitions`, `tile.psum_fmax`,
+  ...) and hardware target: templates write sizes from these, never as literal numbers;
 - helpers: `nl_dtype(torch_dtype_name)`, `cdiv(a, b)`, `tiles(extent, size)`, `prod(seq)`, and `inf`
   (Jinja folds `"inf" | float` at compile time into an undefined name, so infinities come from here);
 - the filter `literal`: every number a template writes from its params goes through it
@@ -26,6 +28,7 @@ import jinja2
 import torch
 import torch.fx as fx
 
+from ..lowering.context import LoweringContext
 from ..lowering.ir import KernelSpec
 from .kernel_args import kernel_shape
 
@@ -167,13 +170,13 @@ _rendered: dict[tuple, str] = {}
 
 
 def render_template(family: str, kernel_name: str, inputs: list[TensorArg], outputs: list[TensorArg],
-                    params: dict) -> str:
-    """Render one kernel and check that the result is valid Python."""
-    key = (environment(), family, tuple(inputs), tuple(outputs), repr(params))
+                    params: dict, ctx: LoweringContext) -> str:
+    """Render one kernel for the target of `ctx` and check that the result is valid Python."""
+    key = (environment(), family, ctx, tuple(inputs), tuple(outputs), repr(params))
     memoizable = " at 0x" not in key[-1]  # an object's default repr names its address, not its content
     source = _rendered.get(key) if memoizable else None
     if source is None:
-        source = _render(family, kernel_name, inputs, outputs, params)
+        source = _render(family, kernel_name, inputs, outputs, params, ctx)
         if memoizable:
             _rendered[key] = source
     return source.replace(f"def {_NAME}(", f"def {kernel_name}(", 1)
@@ -185,17 +188,18 @@ def unnamed(source: str, kernel_name: str) -> str:
 
 
 def _render(family: str, kernel_name: str, inputs: list[TensorArg], outputs: list[TensorArg],
-            params: dict) -> str:
+            params: dict, ctx: LoweringContext) -> str:
     """The source with the kernel named `_NAME` (`kernel_name` is for messages)."""
     try:
         template = environment().get_template(f"{family}.py.j2")
     except jinja2.TemplateNotFound:
         raise TemplateError(f"no template for kernel family {family!r} in {templates_dir()}") from None
-    clash = {"kernel_name", "inputs", "outputs"} & set(params)
+    clash = {"kernel_name", "inputs", "outputs", "tile", "target"} & set(params)
     if clash:
         raise TemplateError(f"kernel params may not redefine {sorted(clash)}")
     try:
-        source = template.render(kernel_name=_NAME, inputs=inputs, outputs=outputs, **params)
+        source = template.render(kernel_name=_NAME, inputs=inputs, outputs=outputs, tile=ctx.tile,
+                                 target=ctx.target, **params)
     except jinja2.TemplateError as exc:
         raise TemplateError(f"template {family}.py.j2 failed to render {kernel_name}: {exc}") from exc
     try:
@@ -213,8 +217,9 @@ def _render(family: str, kernel_name: str, inputs: list[TensorArg], outputs: lis
     return source
 
 
-def render_kernel(spec: KernelSpec) -> str:
-    """Render a KernelSpec whose `name` is set; inputs are named in0.., outputs out0.."""
+def render_kernel(spec: KernelSpec, ctx: LoweringContext) -> str:
+    """Render a KernelSpec whose `name` is set, for the target it was lowered for (`ctx`); inputs
+    are named in0.., outputs out0.."""
     inputs = [tensor_arg(f"in{i}", node) for i, node in enumerate(spec.inputs)]
     outputs = [tensor_arg(f"out{i}", value) for i, value in enumerate(spec.outputs)]
-    return render_template(spec.family, spec.name, inputs, outputs, spec.params)
+    return render_template(spec.family, spec.name, inputs, outputs, spec.params, ctx)

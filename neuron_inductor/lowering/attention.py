@@ -27,25 +27,27 @@ import torch
 import torch.fx as fx
 
 from .common import bind_arguments, result_values, val
+from .context import KIB, LoweringContext
 from .ir import KernelSpec, Unsupported
 from .registry import register_lowering
 
 aten = torch.ops.aten
 
-Q_TILE = 128      # query rows per tile: the partition dim of the score tile
-KV_CHUNK = 128    # keys per transposed P / dS chunk: the contraction dim of P@V, dS@K
-KV_TILE = 512     # keys per backward score tile: one PSUM bank of fp32 per partition
-# Keys per forward softmax block (one max / rescale each): 4 PSUM banks of fp32 scores when P and
-# P^T are 2-byte (P^T then takes 2 banks), 2 banks for fp32 inputs (P^T as large as the scores).
-KV_BLOCK = {2: 2048, 4: 1024}
-# Bytes per partition for the tensors a kernel keeps per head; the rest of the 208 KiB usable on
-# trn2 is the per-tile working set (forward with a mask: ~24 KiB of score / P / P^T tiles, live
-# twice while a loop iteration allocates the next ones).
-SBUF_BUDGET = 144 * 1024
+# Tile sizes (from the context): query rows per tile = the partitions (the partition dim of the
+# score tile); keys per transposed P / dS chunk = the partitions (the contraction dim of P@V, dS@K);
+# keys per backward score tile = one PSUM bank of fp32 per partition.
+# PSUM banks of keys per forward softmax block (one max / rescale each): 4 banks of fp32 scores
+# when P and P^T are 2-byte (P^T then takes 2 banks), 2 banks for fp32 inputs (P^T as large as the
+# scores).
+KV_BLOCK_BANKS = {2: 4, 4: 2}
+# The tensors a kernel keeps per head get the usable SBUF minus this reserve, the per-tile working
+# set (forward with a mask: ~24 KiB of score / P / P^T tiles, live twice while a loop iteration
+# allocates the next ones): 144 KiB of trn2's 208 KiB.
+SBUF_RESERVE = 64 * KIB
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
-def _shape_params(query, key, value, dropout_p, scale) -> dict:
+def _shape_params(ctx: LoweringContext, query, key, value, dropout_p, scale) -> dict:
     """Kernel params shared by forward and backward; raises Unsupported for what they do not handle."""
     if dropout_p:
         raise Unsupported("dropout > 0 in attention runs eagerly so the RNG stream matches")
@@ -58,15 +60,16 @@ def _shape_params(query, key, value, dropout_p, scale) -> dict:
     kv_heads, kv_len = int(k.shape[1]), int(k.shape[2])
     if tuple(k.shape) != tuple(v.shape) or int(k.shape[0]) != batch or int(k.shape[3]) != head_dim:
         raise Unsupported(f"key {tuple(k.shape)} / value {tuple(v.shape)} do not match query {tuple(q.shape)}")
-    if head_dim > 128:
-        raise Unsupported(f"head dim {head_dim} > 128 does not fit the partition dim of the QK^T contraction")
+    partitions = ctx.tile.partitions
+    if head_dim > partitions:
+        raise Unsupported(f"head dim {head_dim} > {partitions} does not fit the partition dim of the QK^T contraction")
     if q_heads % kv_heads:
         raise Unsupported(f"{q_heads} query heads are not a multiple of {kv_heads} key/value heads")
     return dict(
         batch=batch, q_heads=q_heads, kv_heads=kv_heads, q_len=q_len, kv_len=kv_len, head_dim=head_dim,
         group=q_heads // kv_heads,
         scale=float(scale) if scale is not None else 1.0 / math.sqrt(head_dim),
-        q_tile=Q_TILE, kv_chunk=KV_CHUNK, kv_tile=KV_TILE,
+        q_tile=partitions, kv_chunk=partitions, kv_tile=ctx.tile.psum_fmax,
     )
 
 
@@ -89,11 +92,11 @@ def _mask_params(mask, shapes: dict) -> dict | None:
     return dict(lead=lead, broadcast_rows=shape[2] == 1 and full[2] > 1)
 
 
-def _node_params(node: fx.Node) -> tuple[dict, dict, dict | None, bool]:
+def _node_params(ctx: LoweringContext, node: fx.Node) -> tuple[dict, dict, dict | None, bool]:
     """What forward and backward read alike: the node's arguments by name, the shape params, the
     mask params and whether attention is causal."""
     args = bind_arguments(node)
-    shapes = _shape_params(args["query"], args["key"], args["value"], args["dropout_p"], args["scale"])
+    shapes = _shape_params(ctx, args["query"], args["key"], args["value"], args["dropout_p"], args["scale"])
     return args, shapes, _mask_params(args["attn_mask"], shapes), bool(args["is_causal"])
 
 
@@ -101,26 +104,28 @@ def kv_extent(shapes: dict, causal: bool, q_tile_index: int) -> int:
     """Keys a query tile attends to: all of them, or (causal) up to the end of its diagonal chunk."""
     if not causal:
         return shapes["kv_len"]
-    return min(shapes["kv_len"], (q_tile_index + 1) * Q_TILE)
+    return min(shapes["kv_len"], (q_tile_index + 1) * shapes["q_tile"])
 
 
 def _score_flops(shapes: dict, causal: bool) -> int:
     """2 * D multiply-adds for every (query, key) score the kernels compute, summed over heads."""
     pairs = 0
-    for index, start in enumerate(range(0, shapes["q_len"], Q_TILE)):
-        pairs += min(Q_TILE, shapes["q_len"] - start) * kv_extent(shapes, causal, index)
+    q_tile = shapes["q_tile"]
+    for index, start in enumerate(range(0, shapes["q_len"], q_tile)):
+        pairs += min(q_tile, shapes["q_len"] - start) * kv_extent(shapes, causal, index)
     return 2 * shapes["head_dim"] * pairs * shapes["batch"] * shapes["q_heads"]
 
 
-def _check_sbuf(what: str, nbytes: int) -> None:
-    if nbytes > SBUF_BUDGET:
-        raise Unsupported(f"{what} needs {nbytes // 1024} KiB per partition resident in SBUF "
-                          f"(budget {SBUF_BUDGET // 1024} KiB); sequence too long for this kernel")
+def _check_sbuf(ctx: LoweringContext, what: str, nbytes: int) -> None:
+    budget = ctx.sbuf_budget(SBUF_RESERVE)
+    if nbytes > budget:
+        raise Unsupported(f"{what} needs {nbytes // KIB} KiB per partition resident in SBUF "
+                          f"(budget {budget // KIB} KiB on {ctx.target.name}); sequence too long for this kernel")
 
 
 def _forward_sbuf_bytes(shapes: dict, itemsize: int, mask: dict | None) -> int:
-    """K^T [D, Sk], V as [128, Sk/128, D], Q^T [D, Sq]; a row-broadcast mask as [128, Sk] fp32."""
-    kv_len, chunks = shapes["kv_len"], -(-shapes["kv_len"] // KV_CHUNK)
+    """K^T [D, Sk], V as [P, Sk/P, D], Q^T [D, Sq]; a row-broadcast mask as [P, Sk] fp32."""
+    kv_len, chunks = shapes["kv_len"], -(-shapes["kv_len"] // shapes["kv_chunk"])
     resident = (kv_len + shapes["q_len"]) * itemsize + chunks * shapes["head_dim"] * itemsize
     if mask and mask["broadcast_rows"]:
         resident += kv_len * 4
@@ -131,7 +136,7 @@ def _backward_sbuf_bytes(shapes: dict, itemsize: int, mask: dict | None) -> int:
     """Per kv head: K^T, V^T, K and fp32 dK / dV sums; per query head: Q^T, dO^T, Q, dO, fp32 dQ sums."""
     d = shapes["head_dim"]
     q_len, kv_len = shapes["q_len"], shapes["kv_len"]
-    q_chunks, kv_chunks = -(-q_len // Q_TILE), -(-kv_len // KV_CHUNK)
+    q_chunks, kv_chunks = -(-q_len // shapes["q_tile"]), -(-kv_len // shapes["kv_chunk"])
     per_kv_head = 2 * kv_len * itemsize + kv_chunks * d * (itemsize + 8)
     per_q_head = 2 * q_len * itemsize + q_chunks * d * (2 * itemsize + 4) + q_chunks * 8
     if mask and mask["broadcast_rows"]:
@@ -140,14 +145,14 @@ def _backward_sbuf_bytes(shapes: dict, itemsize: int, mask: dict | None) -> int:
 
 
 @register_lowering(aten._scaled_dot_product_flash_attention_for_cpu.default)
-def lower_sdpa_forward(node: fx.Node) -> KernelSpec:
-    args, shapes, mask, causal = _node_params(node)
+def lower_sdpa_forward(ctx: LoweringContext, node: fx.Node) -> KernelSpec:
+    args, shapes, mask, causal = _node_params(ctx, node)
     itemsize = val(args["query"]).element_size()
-    _check_sbuf("attention forward", _forward_sbuf_bytes(shapes, itemsize, mask))
+    _check_sbuf(ctx, "attention forward", _forward_sbuf_bytes(shapes, itemsize, mask))
     inputs = [args["query"], args["key"], args["value"]] + ([args["attn_mask"]] if mask else [])
     return KernelSpec(
         family="attention_fwd",
-        params=dict(shapes, causal=causal, mask=mask, kv_block=KV_BLOCK[min(itemsize, 4)]),
+        params=dict(shapes, causal=causal, mask=mask, kv_block=KV_BLOCK_BANKS[min(itemsize, 4)] * ctx.tile.psum_fmax),
         inputs=inputs,
         outputs=result_values(node),
         flops=2 * _score_flops(shapes, causal),  # QK^T and PV
@@ -155,8 +160,8 @@ def lower_sdpa_forward(node: fx.Node) -> KernelSpec:
 
 
 @register_lowering(aten._scaled_dot_product_flash_attention_for_cpu_backward.default)
-def lower_sdpa_backward(node: fx.Node) -> KernelSpec:
-    args, shapes, mask, causal = _node_params(node)
+def lower_sdpa_backward(ctx: LoweringContext, node: fx.Node) -> KernelSpec:
+    args, shapes, mask, causal = _node_params(ctx, node)
     q = val(args["query"])
     if val(args["grad_out"]).dtype != q.dtype or val(args["out"]).dtype != q.dtype:
         raise Unsupported(f"attention backward with grad_out {val(args['grad_out']).dtype} / out "
@@ -164,7 +169,7 @@ def lower_sdpa_backward(node: fx.Node) -> KernelSpec:
     if val(args["logsumexp"]).dtype != torch.float32:
         raise Unsupported(f"attention backward with a {val(args['logsumexp']).dtype} logsumexp (expects fp32)")
     itemsize = q.element_size()
-    _check_sbuf("attention backward", _backward_sbuf_bytes(shapes, itemsize, mask))
+    _check_sbuf(ctx, "attention backward", _backward_sbuf_bytes(shapes, itemsize, mask))
     inputs = [args["grad_out"], args["query"], args["key"], args["value"], args["out"], args["logsumexp"]]
     if mask:
         inputs.append(args["attn_mask"])

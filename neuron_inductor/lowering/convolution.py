@@ -28,17 +28,21 @@ import torch
 import torch.fx as fx
 
 from .common import bind_arguments, val
+from .context import KIB, LoweringContext, TileSizes
 from .ir import KernelSpec, Unsupported
 from .registry import register_lowering
 
 aten = torch.ops.aten
 
-P = 128
-PSUM_COLUMNS = 512  # fp32 columns of one PSUM bank: the largest output block of one accumulation
-# Per-partition SBUF bytes for the resident weight panel and for the input patch (of 192 KiB).
-PANEL_BYTES = 64 * 1024
-PATCH_BYTES = 48 * 1024
-ACCUMULATOR_BYTES = 64 * 1024  # grad_weight's result rows (the weight's rows, output channels on partitions)
+# Tile sizes come from the context: channels per partition tile (`tile.partitions`) and fp32
+# columns of one PSUM bank (`tile.psum_fmax`), the largest output block of one accumulation.
+# Per-partition SBUF bytes for the resident weight panel and for the input patch, and for
+# grad_weight's result rows (the weight's rows, output channels on partitions): fixed shares that
+# fit together (176 KiB) in the smallest target's usable SBUF (trn1), so a larger SBUF leaves the
+# plan unchanged.
+PANEL_BYTES = 64 * KIB
+PATCH_BYTES = 48 * KIB
+ACCUMULATOR_BYTES = 64 * KIB
 ACCUMULATOR_BANKS = 4  # PSUM banks grad_weight accumulates in (of 8; the transposes, double-buffered, use the rest)
 # Outputs per block of the depthwise grad_weight pass (GpSimd and ScalarE): long rows amortise the
 # per-instruction overhead.
@@ -98,7 +102,7 @@ def _output_blocks(out_size: list[int], max_positions: int, max_cols: int, patch
 
 
 def _window(k_tiles: int, itemsize: int, in_size, pad_lo, stride, span, out_size, max_cols: int,
-            max_positions: int = PSUM_COLUMNS) -> dict:
+            max_positions: int) -> dict:
     """How a pass walks its outputs: blocks of rows x columns, each reading a patch of the source
     (rows [y * stride - pad_lo, ...) spanning `span` more per tap extent) that fits SBUF."""
     def patch_elements(rows, cols):
@@ -112,17 +116,19 @@ def _window(k_tiles: int, itemsize: int, in_size, pad_lo, stride, span, out_size
     }
 
 
-def _window_pass(g: dict, dtype: torch.dtype, group_k: int, max_cols: int, max_positions: int = PSUM_COLUMNS) -> dict:
-    """A pass reading windows of the convolution's input (forward, grad_weight)."""
-    k_tiles = math.ceil(group_k / P)
+def _window_pass(tile: TileSizes, g: dict, dtype: torch.dtype, group_k: int, max_cols: int,
+                 max_positions: int | None = None) -> dict:
+    """A pass reading windows of the convolution's input (forward, grad_weight); at most
+    `max_positions` outputs per block (default: one PSUM bank of fp32)."""
+    k_tiles = math.ceil(group_k / tile.partitions)
     c = {"batch": g["batch"], "groups": g["groups"], "group_k": group_k, "k_tiles": k_tiles,
          "taps": g["kernel"][0] * g["kernel"][1], "kernel": g["kernel"], "dilation": g["dilation"]}
     c.update(_window(k_tiles, torch.empty((), dtype=dtype).element_size(), g["in_size"], g["padding"], g["stride"],
-                     g["span"], g["out_size"], max_cols, max_positions))
+                     g["span"], g["out_size"], max_cols, max_positions or tile.psum_fmax))
     return c
 
 
-def _grad_input_phases(g: dict, k_tiles: int, itemsize: int) -> list[dict]:
+def _grad_input_phases(tile: TileSizes, g: dict, k_tiles: int, itemsize: int) -> list[dict]:
     """grad_input as stride-1 correlations of grad_output, one per output phase.
 
     dx[y] = sum over taps t with (y + p - t * d) % s == 0 of w[t] * dy[(y + p - t * d) / s]: for
@@ -144,7 +150,7 @@ def _grad_input_phases(g: dict, k_tiles: int, itemsize: int) -> list[dict]:
     for py in per_dim[0]:
         for px in per_dim[1]:
             window = _window(k_tiles, itemsize, g["out_size"], [py["pad_lo"], px["pad_lo"]], [1, 1],
-                             [py["span"], px["span"]], [py["count"], px["count"]], PSUM_COLUMNS)
+                             [py["span"], px["span"]], [py["count"], px["count"]], tile.psum_fmax, tile.psum_fmax)
             window.update(out_offset=[py["phase"], px["phase"]], out_step=g["stride"], taps=[py["taps"], px["taps"]])
             result.append(window)
     return result
@@ -154,19 +160,21 @@ def _is_depthwise(g: dict) -> bool:
     return g["groups"] == g["in_channels"] == g["out_channels"]
 
 
-def _conv_pass(g: dict, dtype: torch.dtype, grad_input: bool) -> dict:
+def _conv_pass(tile: TileSizes, g: dict, dtype: torch.dtype, grad_input: bool) -> dict:
     """Forward convolution, or (grad_input) the transposed convolution of grad_output, as `phases`:
     output grids (offset, step) each computed from a window walk and its taps (weight index,
     patch offset) per spatial dim."""
     itemsize = torch.empty((), dtype=dtype).element_size()
+    partitions = tile.partitions
     if grad_input:
         group_k = g["out_channels"] // g["groups"]
-        c = {"batch": g["batch"], "groups": g["groups"], "group_k": group_k, "k_tiles": math.ceil(group_k / P),
+        c = {"batch": g["batch"], "groups": g["groups"], "group_k": group_k,
+             "k_tiles": math.ceil(group_k / partitions),
              "taps": g["kernel"][0] * g["kernel"][1], "kernel": g["kernel"], "weight": "km",
              "group_m": g["in_channels"] // g["groups"], "m": g["in_channels"]}
-        c["phases"] = _grad_input_phases(g, c["k_tiles"], itemsize)
+        c["phases"] = _grad_input_phases(tile, g, c["k_tiles"], itemsize)
     else:
-        c = _window_pass(g, dtype, g["in_channels"] // g["groups"], PSUM_COLUMNS)
+        c = _window_pass(tile, g, dtype, g["in_channels"] // g["groups"], tile.psum_fmax)
         c.update(weight="mk", group_m=g["out_channels"] // g["groups"], m=g["out_channels"])
         phase = {key: c.pop(key) for key in ("stride", "pad_lo", "in_size", "out_size", "span", "block_rows",
                                              "block_cols", "patch_rows", "patch_cols")}
@@ -178,43 +186,45 @@ def _conv_pass(g: dict, dtype: torch.dtype, grad_input: bool) -> dict:
         return c
     per_row = c["k_tiles"] * c["taps"]
     fit = min(PANEL_BYTES // (per_row * itemsize), MAX_TILE_ELEMENTS // per_row)
-    # whole 128-row tiles when they fit, else fewer rows (more re-reads of the input patches)
-    block_m = min(c["group_m"], fit // P * P) or min(c["group_m"], fit)
+    # whole partition-row tiles when they fit, else fewer rows (more re-reads of the input patches)
+    block_m = min(c["group_m"], fit // partitions * partitions) or min(c["group_m"], fit)
     if block_m == 0:
         raise Unsupported("convolution weight panel of one output channel exceeds the SBUF budget")
     c.update(kind="conv", block_m=block_m)
     return c
 
 
-def _grad_weight_pass(g: dict, dtype: torch.dtype) -> dict:
+def _grad_weight_pass(tile: TileSizes, g: dict, dtype: torch.dtype) -> dict:
     """TensorE: per block of output-channel tiles and group of taps, one PSUM bank per (channel
     tile, tap, 512 input channels) accumulates over the whole batch; the taps are walked in groups
     that fit. Depthwise: GpSimd products, ScalarE sums."""
     if _is_depthwise(g):
-        c = _window_pass(g, dtype, 1, DEPTHWISE_POSITIONS, DEPTHWISE_POSITIONS)
+        c = _window_pass(tile, g, dtype, 1, DEPTHWISE_POSITIONS, DEPTHWISE_POSITIONS)
         c.update(kind="depthwise_grad_weight", m=g["in_channels"])
         return c
-    c = _window_pass(g, dtype, g["in_channels"] // g["groups"], P)
-    # the patch covers up to 512 outputs, transposed in sub-blocks of whole rows (<= 128 positions)
-    c["sub_rows"] = max(1, P // c["block_cols"])
+    partitions, bank = tile.partitions, tile.psum_fmax  # bank: fp32 columns of one PSUM bank
+    c = _window_pass(tile, g, dtype, g["in_channels"] // g["groups"], partitions)
+    # the patch covers up to a PSUM bank of outputs, transposed in sub-blocks of whole rows (<= partitions)
+    c["sub_rows"] = max(1, partitions // c["block_cols"])
     group_m = g["out_channels"] // g["groups"]
     itemsize = torch.empty((), dtype=dtype).element_size()
     # PSUM banks: (output-channel tiles) x (512-channel chunks of a block of input channels) x taps
-    block_m_tiles = max(1, min(math.ceil(group_m / P), ACCUMULATOR_BANKS // math.ceil(c["group_k"] / PSUM_COLUMNS)))
-    block_k = min(c["group_k"], PSUM_COLUMNS * max(1, ACCUMULATOR_BANKS // block_m_tiles))
-    while block_m_tiles * block_k * c["taps"] * itemsize > ACCUMULATOR_BYTES and block_k > P:
-        block_k = max(P, block_k // 2 // P * P)
+    block_m_tiles = max(1, min(math.ceil(group_m / partitions), ACCUMULATOR_BANKS // math.ceil(c["group_k"] / bank)))
+    block_k = min(c["group_k"], bank * max(1, ACCUMULATOR_BANKS // block_m_tiles))
+    while block_m_tiles * block_k * c["taps"] * itemsize > ACCUMULATOR_BYTES and block_k > partitions:
+        block_k = max(partitions, block_k // 2 // partitions * partitions)
     if block_m_tiles * block_k * c["taps"] * itemsize > ACCUMULATOR_BYTES:
         raise Unsupported("grad_weight rows of one input-channel tile exceed the SBUF budget")
-    k_chunks = math.ceil(block_k / PSUM_COLUMNS)
+    k_chunks = math.ceil(block_k / bank)
     c.update(kind="grad_weight", group_m=group_m, k_chunks=k_chunks, block_m_tiles=block_m_tiles, block_k=block_k,
-             k_tiles=math.ceil(block_k / P), group_taps=min(c["taps"], ACCUMULATOR_BANKS // (k_chunks * block_m_tiles)))
+             k_tiles=math.ceil(block_k / partitions),
+             group_taps=min(c["taps"], ACCUMULATOR_BANKS // (k_chunks * block_m_tiles)))
     return c
 
 
-def _grad_bias_pass(g: dict) -> dict:
-    cols = min(g["out_size"][1], PSUM_COLUMNS * 4)
-    rows = min(g["out_size"][0], max(1, PSUM_COLUMNS * 4 // cols))
+def _grad_bias_pass(tile: TileSizes, g: dict) -> dict:
+    cols = min(g["out_size"][1], tile.psum_fmax * 4)
+    rows = min(g["out_size"][0], max(1, tile.psum_fmax * 4 // cols))
     return {"kind": "grad_bias", "batch": g["batch"],
             "m": g["out_channels"], "out_size": g["out_size"], "block_rows": rows, "block_cols": cols}
 
@@ -234,12 +244,12 @@ def _bound_geometry(args: dict) -> dict:
 
 
 @register_lowering(aten.convolution.default)
-def lower_convolution(node: fx.Node) -> KernelSpec:
+def lower_convolution(ctx: LoweringContext, node: fx.Node) -> KernelSpec:
     args = bind_arguments(node)
     x, w, bias = args["input"], args["weight"], args["bias"]
     dtype = _check_dtypes(val(x), val(w), val(node), *([val(bias)] if bias is not None else []))
     g = _bound_geometry(args)
-    c = _conv_pass(g, dtype, grad_input=False)
+    c = _conv_pass(ctx.tile, g, dtype, grad_input=False)
     c.update(src=0, weight_arg=1, bias_arg=2 if bias is not None else None, out=0)
     inputs = [x, w] + ([bias] if bias is not None else [])
     return KernelSpec("convolution", {"spatial_rank": g["rank"], "passes": [c]}, inputs, [node],
@@ -247,7 +257,7 @@ def lower_convolution(node: fx.Node) -> KernelSpec:
 
 
 @register_lowering(aten.convolution_backward.default)
-def lower_convolution_backward(node: fx.Node) -> KernelSpec:
+def lower_convolution_backward(ctx: LoweringContext, node: fx.Node) -> KernelSpec:
     args = bind_arguments(node)
     grad, x, w = args["grad_output"], args["input"], args["weight"]
     dtype = _check_dtypes(val(grad), val(x), val(w))
@@ -265,17 +275,17 @@ def lower_convolution_backward(node: fx.Node) -> KernelSpec:
     out_index = {i: position for position, i in enumerate(i for i in range(3) if mask[i])}
     # grad_weight first: its PSUM accumulators are allocated while no other pass holds PSUM tiles
     if mask[1]:
-        c = _grad_weight_pass(g, dtype)
+        c = _grad_weight_pass(ctx.tile, g, dtype)
         c.update(grad=0, src=1, out=out_index[1])
         passes.append(c)
         flops += _conv_flops(g)
     if mask[0]:
-        c = _conv_pass(g, dtype, grad_input=True)
+        c = _conv_pass(ctx.tile, g, dtype, grad_input=True)
         c.update(src=0, weight_arg=2, bias_arg=None, out=out_index[0])
         passes.append(c)
         flops += _conv_flops(g)
     if mask[2]:
-        c = _grad_bias_pass(g)
+        c = _grad_bias_pass(ctx.tile, g)
         c.update(grad=0, out=out_index[2])
         passes.append(c)
     if not passes:

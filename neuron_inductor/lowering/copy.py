@@ -20,6 +20,7 @@ import torch
 import torch.fx as fx
 
 from .common import arg, val
+from .context import LoweringContext, TileSizes
 from .ir import KernelSpec, Unsupported
 from .reduction import Dim, plan_copy
 from .registry import register_lowering
@@ -31,10 +32,10 @@ aten = torch.ops.aten
 MAX_DMAS = 16384
 
 
-def _walk(shape, single=()) -> list[dict]:
+def _walk(tile: TileSizes, shape, single=()) -> list[dict]:
     """plan_copy's walk of `shape`, with the dims in `single` walked one index at a time."""
     shape = [int(s) for s in shape]
-    planned = plan_copy([1 if d in single else s for d, s in enumerate(shape)])
+    planned = plan_copy(tile, [1 if d in single else s for d, s in enumerate(shape)])
     return [(Dim(d, shape[d], False, "loop", 1) if d in single else p).as_param() for d, p in enumerate(planned)]
 
 
@@ -42,25 +43,27 @@ def _slice(dim: int, shift: int = 0, step: int = 1, mode: str = "same") -> dict:
     return {"dim": dim, "shift": int(shift), "step": int(step), "mode": mode}
 
 
-def _piece(shape, offsets, source: int | None, source_offsets=None, steps=None, source_steps=None) -> dict:
+def _piece(tile: TileSizes, shape, offsets, source: int | None, source_offsets=None, steps=None,
+           source_steps=None) -> dict:
     """A destination box of `shape` at `offsets` (every `steps`-th element), read from input
     `source` at `source_offsets` (default: its origin), or filled with the constant when `source` is None."""
     rank = len(shape)
     source_offsets = source_offsets or [0] * rank
     steps, source_steps = steps or [1] * rank, source_steps or [1] * rank
-    return {"source": source, "dims": _walk(shape),
+    return {"source": source, "dims": _walk(tile, shape),
             "dst": [_slice(d, offsets[d], steps[d]) for d in range(rank)],
             "src": [_slice(d, source_offsets[d], source_steps[d]) for d in range(rank)]}
 
 
-def _broadcast_piece(shape, source_shape, source: int) -> dict:
+def _broadcast_piece(tile: TileSizes, shape, source_shape, source: int) -> dict:
     """The whole destination `shape` read from input `source` broadcast to it (torch rules)."""
     lead = len(shape) - len(source_shape)
     if lead < 0 or any(s not in (1, shape[lead + k]) for k, s in enumerate(source_shape)):
         raise Unsupported(f"source of shape {list(source_shape)} does not broadcast to {list(shape)}")
     src = [_slice(lead + k, mode="one" if s == 1 else "same") for k, s in enumerate(source_shape)]
     single = set(range(lead)) | {s["dim"] for s in src if s["mode"] == "one"}
-    return {"source": source, "dims": _walk(shape, single), "dst": [_slice(d) for d in range(len(shape))], "src": src}
+    return {"source": source, "dims": _walk(tile, shape, single), "dst": [_slice(d) for d in range(len(shape))],
+            "src": src}
 
 
 def _tile_size(piece: dict, axis: str) -> int:
@@ -75,7 +78,7 @@ def _dma_count(piece: dict) -> int:
     return math.prod(-(-d["extent"] // d["chunk"]) for d in piece["dims"])
 
 
-def _fill_pieces(out_shape, inner_lo, inner_hi) -> list[dict]:
+def _fill_pieces(tile: TileSizes, out_shape, inner_lo, inner_hi) -> list[dict]:
     """Boxes covering out_shape minus the box [inner_lo, inner_hi): per dim d, the slabs before
     and after the inner box, restricted to the inner box on dims < d (so slabs are disjoint)."""
     pieces = []
@@ -95,7 +98,7 @@ def _fill_pieces(out_shape, inner_lo, inner_hi) -> list[dict]:
                     shape.append(size)
                     offsets.append(0)
             if all(s > 0 for s in shape):
-                pieces.append(_piece(shape, offsets, None))
+                pieces.append(_piece(tile, shape, offsets, None))
     return pieces
 
 
@@ -127,7 +130,7 @@ def _check_cast(src: torch.dtype, dst: torch.dtype) -> None:
     raise Unsupported(f"copy casting {src} to {dst} (a DMA rounds instead of truncating / wrapping)")
 
 
-def _lower_copy(node: fx.Node, inplace: bool) -> KernelSpec:
+def _lower_copy(tile: TileSizes, node: fx.Node, inplace: bool) -> KernelSpec:
     dst, src = node.args[0], node.args[1]
     if not isinstance(src, fx.Node):
         raise Unsupported("copy from a Python scalar")
@@ -135,25 +138,25 @@ def _lower_copy(node: fx.Node, inplace: bool) -> KernelSpec:
         raise Unsupported(f"source dtype {val(src).dtype} has no on-chip equivalent")
     _check_cast(val(src).dtype, val(dst).dtype)
     inputs = [dst, src] if inplace else [src]
-    piece = _broadcast_piece(val(dst).shape, val(src).shape, len(inputs) - 1)
+    piece = _broadcast_piece(tile, val(dst).shape, val(src).shape, len(inputs) - 1)
     return _spec(node, inputs, [piece], inplace=inplace)
 
 
 @register_lowering(aten.copy_.default)
-def lower_copy_(node: fx.Node) -> KernelSpec:
+def lower_copy_(ctx: LoweringContext, node: fx.Node) -> KernelSpec:
     """copy_(dst, src): the kernel writes src (broadcast, cast) into its input 0 and returns nothing."""
-    return _lower_copy(node, inplace=True)
+    return _lower_copy(ctx.tile, node, inplace=True)
 
 
 @register_lowering(aten.copy.default)
-def lower_copy(node: fx.Node) -> KernelSpec:
+def lower_copy(ctx: LoweringContext, node: fx.Node) -> KernelSpec:
     """copy(dst, src): a new tensor like dst holding src broadcast to dst's shape, cast to its dtype
     (dst's values are not read, so the kernel takes src only)."""
-    return _lower_copy(node, inplace=False)
+    return _lower_copy(ctx.tile, node, inplace=False)
 
 
 @register_lowering(aten.cat.default)
-def lower_cat(node: fx.Node) -> KernelSpec:
+def lower_cat(ctx: LoweringContext, node: fx.Node) -> KernelSpec:
     tensors = list(node.args[0])
     out = val(node)
     dim = int(arg(node, 1, "dim", 0)) % max(out.dim(), 1)
@@ -166,7 +169,7 @@ def lower_cat(node: fx.Node) -> KernelSpec:
             raise Unsupported("cat of mixed dtypes")
         offsets = [0] * out.dim()
         offsets[dim] = offset
-        pieces.append(_piece(shape, offsets, len(inputs)))
+        pieces.append(_piece(ctx.tile, shape, offsets, len(inputs)))
         inputs.append(t)
         offset += shape[dim]
     if not inputs:
@@ -175,7 +178,7 @@ def lower_cat(node: fx.Node) -> KernelSpec:
 
 
 @register_lowering(aten.constant_pad_nd.default)
-def lower_constant_pad_nd(node: fx.Node) -> KernelSpec:
+def lower_constant_pad_nd(ctx: LoweringContext, node: fx.Node) -> KernelSpec:
     x = val(node.args[0])
     pad = list(arg(node, 1, "pad"))
     value = arg(node, 2, "value", 0)
@@ -188,13 +191,13 @@ def lower_constant_pad_nd(node: fx.Node) -> KernelSpec:
         lo[d], src_lo[d] = max(before, 0), max(-before, 0)
         src_hi[d] = x.shape[d] - max(-after, 0)
         hi[d] = lo[d] + max(src_hi[d] - src_lo[d], 0)
-    pieces = _fill_pieces(list(val(node).shape), lo, hi)
-    pieces.append(_piece([h - l for l, h in zip(lo, hi)], lo, 0, src_lo))
+    pieces = _fill_pieces(ctx.tile, list(val(node).shape), lo, hi)
+    pieces.append(_piece(ctx.tile, [h - l for l, h in zip(lo, hi)], lo, 0, src_lo))
     return _spec(node, [node.args[0]], pieces, fill=value)
 
 
 @register_lowering(aten.slice_scatter.default)
-def lower_slice_scatter(node: fx.Node) -> KernelSpec:
+def lower_slice_scatter(ctx: LoweringContext, node: fx.Node) -> KernelSpec:
     base, src = node.args[0], node.args[1]
     shape = list(val(base).shape)
     rank = len(shape)
@@ -210,32 +213,32 @@ def lower_slice_scatter(node: fx.Node) -> KernelSpec:
     hi[dim] = start + max(count - 1, 0) * step + min(count, 1)
     # the base everywhere outside the slice (read in place), the source inside it: outside means
     # before / after the slice's span, and the gaps between its elements (step > 1)
-    pieces = [{**box, "source": 0, "src": box["dst"]} for box in _fill_pieces(shape, lo, hi)]
+    pieces = [{**box, "source": 0, "src": box["dst"]} for box in _fill_pieces(ctx.tile, shape, lo, hi)]
     steps = [1] * rank
     steps[dim] = step
     for gap in range(1, step):
         gap_shape, gap_lo = shape.copy(), lo.copy()
         gap_shape[dim], gap_lo[dim] = count - 1, start + gap
         if count > 1:
-            pieces.append(_piece(gap_shape, gap_lo, 0, gap_lo, steps, steps))
-    pieces.append(_piece(list(val(src).shape), lo, 1, steps=steps))
+            pieces.append(_piece(ctx.tile, gap_shape, gap_lo, 0, gap_lo, steps, steps))
+    pieces.append(_piece(ctx.tile, list(val(src).shape), lo, 1, steps=steps))
     return _spec(node, [base, src], pieces)
 
 
 @register_lowering(aten.flip.default)
-def lower_flip(node: fx.Node) -> KernelSpec:
+def lower_flip(ctx: LoweringContext, node: fx.Node) -> KernelSpec:
     x = val(node.args[0])
     rank = x.dim()
     flipped = {int(d) % max(rank, 1) for d in arg(node, 1, "dims")}
     flipped = {d for d in flipped if x.shape[d] > 1}  # mirroring one index moves nothing
     shape = list(x.shape)
-    piece = {"source": 0, "dims": _walk(shape, flipped), "dst": [_slice(d) for d in range(rank)],
+    piece = {"source": 0, "dims": _walk(ctx.tile, shape, flipped), "dst": [_slice(d) for d in range(rank)],
              "src": [_slice(d, mode="flip" if d in flipped else "same") for d in range(rank)]}
     return _spec(node, [node.args[0]], [piece])
 
 
 @register_lowering(aten.repeat.default)
-def lower_repeat(node: fx.Node) -> KernelSpec:
+def lower_repeat(ctx: LoweringContext, node: fx.Node) -> KernelSpec:
     """The output seen as [r0, s0, r1, s1, ...] (repeats interleaved with the input's padded
     shape) is the input broadcast along the repeat dims."""
     x = val(node.args[0])
@@ -247,5 +250,6 @@ def lower_repeat(node: fx.Node) -> KernelSpec:
     view = [n for pair in zip(repeats, padded) for n in pair]
     src = [_slice(2 * (lead + k) + 1) for k in range(x.dim())]
     repeat_dims = set(range(0, len(view), 2))
-    piece = {"source": 0, "dims": _walk(view, repeat_dims), "dst": [_slice(d) for d in range(len(view))], "src": src}
+    piece = {"source": 0, "dims": _walk(ctx.tile, view, repeat_dims), "dst": [_slice(d) for d in range(len(view))],
+             "src": src}
     return _spec(node, [node.args[0]], [piece], dst_view=view)

@@ -23,6 +23,7 @@ from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
 from ..tile_program import constant_scalar
 from . import matmul, pointwise
+from .context import LoweringContext
 from .ir import HostStep, KernelSpec, KernelStep, Step, Unsupported
 from .registry import (ALLOCATIONS, COLLECTIVES, FALLBACKS, LOWERINGS, RNG_WRAPPERS, SIZE_OPS, VIEW_OPS,
                        load_lowerings)
@@ -141,7 +142,9 @@ class _PointwiseGroup:
     """An open fusion group: pointwise nodes of one shape, optionally behind a matmul (the anchor)
     whose result they consume as a fused epilogue."""
 
-    def __init__(self, anchor: fx.Node | None = None, anchor_spec: KernelSpec | None = None) -> None:
+    def __init__(self, ctx: LoweringContext, anchor: fx.Node | None = None,
+                 anchor_spec: KernelSpec | None = None) -> None:
+        self.ctx = ctx
         self.nodes: list[fx.Node] = []
         self.anchor = anchor
         self.anchor_spec = anchor_spec
@@ -162,26 +165,27 @@ class _PointwiseGroup:
 
     def kernels(self) -> list[KernelSpec]:
         if self.anchor is None:
-            return [pointwise.lower_pointwise_group(self.nodes, self.outputs())] if self.nodes else []
+            return [pointwise.lower_pointwise_group(self.ctx, self.nodes, self.outputs())] if self.nodes else []
         if self.nodes:
             try:
-                return [matmul.lower_matmul_with_epilogue(self.anchor, self.nodes, self.outputs())]
+                return [matmul.lower_matmul_with_epilogue(self.ctx, self.anchor, self.nodes, self.outputs())]
             except Unsupported:
                 pass  # the matmul and its consumers run as two kernels
             epilogue_outputs = [n for n in self.outputs() if n is not self.anchor]
-            return [self.anchor_spec, pointwise.lower_pointwise_group(self.nodes, epilogue_outputs)]
+            return [self.anchor_spec, pointwise.lower_pointwise_group(self.ctx, self.nodes, epilogue_outputs)]
         return [self.anchor_spec]
 
 
-def lower_graph(gm: fx.GraphModule, fallback_mode: str = "warn",
+def lower_graph(gm: fx.GraphModule, ctx: LoweringContext, fallback_mode: str = "warn",
                 force_fallback: dict[fx.Node, str] | None = None) -> LoweredGraph:
-    """`force_fallback` names nodes to run on the host regardless of lowerings, with the reason
-    (used when a generated kernel broke a hardware rule)."""
+    """Lower for the target of `ctx` (every lowering gets it). `force_fallback` names nodes to run
+    on the host regardless of lowerings, with the reason (used when a generated kernel broke a
+    hardware rule)."""
     load_lowerings()
     force_fallback = force_fallback or {}
     steps: list[Step] = []
     fallbacks: list[HostStep] = []
-    group = _PointwiseGroup()
+    group = _PointwiseGroup(ctx)
     produced_by_kernel: set[fx.Node] = set()
     layouts = _Layouts()
 
@@ -189,7 +193,7 @@ def lower_graph(gm: fx.GraphModule, fallback_mode: str = "warn",
         nonlocal group
         steps.extend(KernelStep(spec) for spec in group.kernels())
         produced_by_kernel.update(group.nodes)
-        group = _PointwiseGroup(anchor, anchor_spec)
+        group = _PointwiseGroup(ctx, anchor, anchor_spec)
 
     def add_pointwise(node: fx.Node) -> None:
         if not group.accepts(node):
@@ -271,7 +275,7 @@ def lower_graph(gm: fx.GraphModule, fallback_mode: str = "warn",
             fall_back(node, f"no lowering for {op_name(node)}")
             continue
         try:
-            spec = lowering(node)
+            spec = lowering(ctx, node)
         except Unsupported as exc:
             fall_back(node, f"{op_name(node)}: {exc}")
             continue

@@ -44,8 +44,9 @@ import torch
 import torch.fx as fx
 
 from .common import arg, float32_bits, val
+from .context import LoweringContext, TileSizes
 from .ir import KernelSpec, Unsupported
-from .reduction import EXACT_INT_LIMIT, FREE_MAX, PSUM_FMAX, walk_dims
+from .reduction import EXACT_INT_LIMIT, FREE_MAX, walk_dims
 from .registry import register_lowering
 
 aten = torch.ops.aten
@@ -65,21 +66,22 @@ TABLE_KINDS = {
 }
 
 
-def _token_dims(ids_shape, width: int, width_limit: int) -> list[dict]:
+def _token_dims(tile: TileSizes, ids_shape, width: int, width_limit: int) -> list[dict]:
     """Walk of a [*ids_shape, width] tensor: ids dims on partitions, `width` on the free axis."""
     shape = [int(s) for s in ids_shape] + [int(width)]
     p_group = [d for d, s in enumerate(ids_shape) if s > 1]
-    return [d.as_param() for d in walk_dims(shape, set(), p_group, [len(ids_shape)] if width > 1 else [], width_limit)]
+    f_group = [len(ids_shape)] if width > 1 else []
+    return [d.as_param() for d in walk_dims(tile, shape, set(), p_group, f_group, width_limit)]
 
 
-def _row_dims(outer: int, ids_shape, inner: int, p_group=None) -> list[dict]:
+def _row_dims(tile: TileSizes, outer: int, ids_shape, inner: int, p_group=None) -> list[dict]:
     """Walk of [outer, *ids_shape, inner] (a row op's result viewed around its ids): outer indices
     one at a time, ids dims on partitions (`p_group`, default all of them), inner on the free axis."""
     shape = [outer] + [int(s) for s in ids_shape] + [inner]
     if p_group is None:
         p_group = [1 + d for d, s in enumerate(ids_shape) if s > 1]
     f_group = [len(shape) - 1] if inner > 1 else []
-    return [d.as_param() for d in walk_dims(shape, set(), p_group, f_group, PSUM_FMAX)]
+    return [d.as_param() for d in walk_dims(tile, shape, set(), p_group, f_group, tile.psum_fmax)]
 
 
 def _check_indices(indices: list[torch.Tensor]) -> None:
@@ -88,7 +90,7 @@ def _check_indices(indices: list[torch.Tensor]) -> None:
             raise Unsupported(f"indices of dtype {i.dtype}")
 
 
-def _row_params(mode: str, table: torch.Tensor, first: int, indices: list[torch.Tensor]) -> dict:
+def _row_params(tile: TileSizes, mode: str, table: torch.Tensor, first: int, indices: list[torch.Tensor]) -> dict:
     """Geometry of a row op on `table` indexed by `indices` on its dims first, first + 1, ...:
     the table is viewed as [outer, rows, inner] (rows = the indexed dims flattened) and the result
     as [outer, *ids, inner]."""
@@ -106,11 +108,11 @@ def _row_params(mode: str, table: torch.Tensor, first: int, indices: list[torch.
     if outer * rows * inner == 0 or math.prod(ids_shape) == 0:
         raise Unsupported("a row op on an empty tensor")
     if len(indices) == 1:
-        dims, strides = _row_dims(outer, ids_shape, inner), []
+        dims, strides = _row_dims(tile, outer, ids_shape, inner), []
     else:
         # several broadcast index tensors: each tile covers part of the last ids dim, where an
         # index either varies (a slice of it) or is broadcast (one value for the whole tile)
-        dims = _row_dims(outer, ids_shape, inner, [len(ids_shape)] if ids_shape[-1] > 1 else [])
+        dims = _row_dims(tile, outer, ids_shape, inner, [len(ids_shape)] if ids_shape[-1] > 1 else [])
         strides = [math.prod(shape[d + 1:last]) for d in range(first, last)]
     index_shapes = [[1] * (len(ids_shape) - i.dim()) + [int(s) for s in i.shape] for i in indices]
     return {"mode": mode, "outer": outer, "rows": rows, "inner": inner, "dims": dims,
@@ -118,25 +120,25 @@ def _row_params(mode: str, table: torch.Tensor, first: int, indices: list[torch.
             "index_sizes": shape[first:last], "row_strides": strides}
 
 
-def _row_gather(node: fx.Node, table: fx.Node, first: int, indices: list[fx.Node]) -> KernelSpec:
+def _row_gather(ctx: LoweringContext, node: fx.Node, table: fx.Node, first: int, indices: list[fx.Node]) -> KernelSpec:
     w, ids = val(table), [val(i) for i in indices]
-    params = _row_params("row_gather", w, first, ids)
+    params = _row_params(ctx.tile, "row_gather", w, first, ids)
     tokens = math.prod(val(node).shape) // max(params["outer"] * params["inner"], 1)
     flops = 2 * params["outer"] * tokens * params["rows"] * params["inner"]
     return KernelSpec("gather_rows", params, [table, *indices], [node], flops=flops)
 
 
 @register_lowering(aten.embedding.default)
-def lower_embedding(node: fx.Node) -> KernelSpec:
+def lower_embedding(ctx: LoweringContext, node: fx.Node) -> KernelSpec:
     if val(node.args[0]).dim() != 2:
         raise Unsupported("an embedding table that is not 2-D")
-    return _row_gather(node, node.args[0], 0, [node.args[1]])
+    return _row_gather(ctx, node, node.args[0], 0, [node.args[1]])
 
 
 @register_lowering(aten.index_select.default)
-def lower_index_select(node: fx.Node) -> KernelSpec:
+def lower_index_select(ctx: LoweringContext, node: fx.Node) -> KernelSpec:
     table, index = node.args[0], node.args[2]
-    return _row_gather(node, table, int(arg(node, 1, "dim")) % max(val(table).dim(), 1), [index])
+    return _row_gather(ctx, node, table, int(arg(node, 1, "dim")) % max(val(table).dim(), 1), [index])
 
 
 def _indexed_dims(indices: list, what: str) -> tuple[int, list[fx.Node]]:
@@ -152,15 +154,16 @@ def _indexed_dims(indices: list, what: str) -> tuple[int, list[fx.Node]]:
 
 
 @register_lowering(aten.index.Tensor)
-def lower_index(node: fx.Node) -> KernelSpec:
+def lower_index(ctx: LoweringContext, node: fx.Node) -> KernelSpec:
     first, tensors = _indexed_dims(list(node.args[1]), "index")
-    return _row_gather(node, node.args[0], first, tensors)
+    return _row_gather(ctx, node, node.args[0], first, tensors)
 
 
-def _row_scatter(node, base, first: int, indices: list, values, accumulate: bool, padding_idx: int) -> KernelSpec:
+def _row_scatter(ctx: LoweringContext, node, base, first: int, indices: list, values, accumulate: bool,
+                 padding_idx: int) -> KernelSpec:
     """Rows of values [outer, *ids, inner] summed (accumulate) or placed into [outer, rows, inner]."""
     ids, v, out = [val(i) for i in indices], val(values), val(node)
-    params = _row_params("row_scatter", out, first, ids)
+    params = _row_params(ctx.tile, "row_scatter", out, first, ids)
     ids_shape = tuple(torch.broadcast_shapes(*(i.shape for i in ids)))
     expected = tuple(out.shape[:first]) + ids_shape + tuple(out.shape[first + len(ids):])
     # values may differ from the indexed shape by size-1 dims only (same elements in the same order)
@@ -175,15 +178,15 @@ def _row_scatter(node, base, first: int, indices: list, values, accumulate: bool
 
 
 @register_lowering(aten.embedding_dense_backward.default)
-def lower_embedding_dense_backward(node: fx.Node) -> KernelSpec:
+def lower_embedding_dense_backward(ctx: LoweringContext, node: fx.Node) -> KernelSpec:
     grad, ids, num_weights, padding_idx, scale_grad_by_freq = node.args[:5]
     if scale_grad_by_freq:
         raise Unsupported("scale_grad_by_freq")
-    return _row_scatter(node, None, 0, [ids], grad, True, int(padding_idx))
+    return _row_scatter(ctx, node, None, 0, [ids], grad, True, int(padding_idx))
 
 
 @register_lowering(aten.index_put.default)
-def lower_index_put(node: fx.Node) -> KernelSpec:
+def lower_index_put(ctx: LoweringContext, node: fx.Node) -> KernelSpec:
     """index_put(self, [None, ..., ids, ...], values, accumulate): integer indices on consecutive
     dims (the static KV cache's `cache.index_copy_(2, cache_position, states)`; several broadcast
     indices in the backward of `x[i, j]`). Without accumulate the rows
@@ -192,13 +195,13 @@ def lower_index_put(node: fx.Node) -> KernelSpec:
     base, values = node.args[0], node.args[2]
     accumulate = bool(arg(node, 3, "accumulate", False))
     first, tensors = _indexed_dims(list(node.args[1]), "index_put")
-    return _row_scatter(node, base, first, tensors, values, accumulate, -1)
+    return _row_scatter(ctx, node, base, first, tensors, values, accumulate, -1)
 
 
 # ---- lane ops: gather / scatter along the last dim ------------------------------------------------
 
-def _lane_spec(node: fx.Node, mode: str, x: fx.Node, dim, index: fx.Node, src=None, value=None,
-               reduce: str | None = None) -> KernelSpec:
+def _lane_spec(ctx: LoweringContext, node: fx.Node, mode: str, x: fx.Node, dim, index: fx.Node, src=None,
+               value=None, reduce: str | None = None) -> KernelSpec:
     """A gather / scatter along `dim`: a lane op when `dim` is the last dim of a tensor of rank >= 2,
     a column op otherwise."""
     xv, iv = val(x), val(index)
@@ -216,11 +219,11 @@ def _lane_spec(node: fx.Node, mode: str, x: fx.Node, dim, index: fx.Node, src=No
         raise Unsupported(f"{mode} of an empty tensor")
     width = index_shape[dim]
     if rank >= 2 and dim == rank - 1:
-        params = {"mode": mode, "dims": _token_dims(shape[:-1], shape[-1], LANE_FMAX)}
+        params = {"mode": mode, "dims": _token_dims(ctx.tile, shape[:-1], shape[-1], LANE_FMAX)}
     else:
         inner = math.prod(shape[dim + 1:])
         params = {"mode": mode.replace("lane", "column"), "outer": math.prod(shape[:dim]), "size": shape[dim],
-                  "inner": inner, "column_chunk": min(inner, PSUM_FMAX)}
+                  "inner": inner, "column_chunk": min(inner, ctx.tile.psum_fmax)}
     params.update(index_width=width, reduce=reduce)
     if value is not None:
         # eager casts the value to x's dtype; the kernel places that value's fp32 bits
@@ -232,23 +235,24 @@ def _lane_spec(node: fx.Node, mode: str, x: fx.Node, dim, index: fx.Node, src=No
 
 
 @register_lowering(aten.gather.default)
-def lower_gather(node: fx.Node) -> KernelSpec:
+def lower_gather(ctx: LoweringContext, node: fx.Node) -> KernelSpec:
     if arg(node, 3, "sparse_grad", False):
         raise Unsupported("sparse_grad")
-    return _lane_spec(node, "lane_gather", node.args[0], node.args[1], node.args[2])
+    return _lane_spec(ctx, node, "lane_gather", node.args[0], node.args[1], node.args[2])
 
 
 @register_lowering(aten.scatter.value)
-def lower_scatter_value(node: fx.Node) -> KernelSpec:
-    return _lane_spec(node, "lane_scatter", node.args[0], node.args[1], node.args[2], value=node.args[3])
+def lower_scatter_value(ctx: LoweringContext, node: fx.Node) -> KernelSpec:
+    return _lane_spec(ctx, node, "lane_scatter", node.args[0], node.args[1], node.args[2], value=node.args[3])
 
 
 @register_lowering(aten.scatter.src)
-def lower_scatter_src(node: fx.Node) -> KernelSpec:
-    return _lane_spec(node, "lane_scatter", node.args[0], node.args[1], node.args[2], src=node.args[3])
+def lower_scatter_src(ctx: LoweringContext, node: fx.Node) -> KernelSpec:
+    return _lane_spec(ctx, node, "lane_scatter", node.args[0], node.args[1], node.args[2], src=node.args[3])
 
 
 @register_lowering(aten.scatter_add.default)
-def lower_scatter_add(node: fx.Node) -> KernelSpec:
-    return _lane_spec(node, "lane_scatter", node.args[0], node.args[1], node.args[2], src=node.args[3], reduce="add")
+def lower_scatter_add(ctx: LoweringContext, node: fx.Node) -> KernelSpec:
+    return _lane_spec(ctx, node, "lane_scatter", node.args[0], node.args[1], node.args[2], src=node.args[3],
+                      reduce="add")
 

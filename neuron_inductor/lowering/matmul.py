@@ -17,7 +17,7 @@ stacked on top. A batched operand also records, per batch dim of its base, how t
 index maps to it ((b // div) % mod; mod 1 = broadcast), so expanded and reshaped batches are read
 in place.
 
-Epilogues. `lower_matmul_with_epilogue(mm_node, epilogue_nodes, outputs)` is the entry point for
+Epilogues. `lower_matmul_with_epilogue(ctx, mm_node, epilogue_nodes, outputs)` is the entry point for
 the graph lowering when a pointwise group consumes the matmul result: the group's program is
 applied to each fp32 PSUM tile on its way to SBUF, so the matmul result never round-trips HBM.
 Contract:
@@ -41,18 +41,18 @@ import torch.fx as fx
 
 from ..tile_program import build_program, on_chip_name, resolve_program
 from .common import val
+from .context import KIB, LoweringContext
 from .ir import KernelSpec, Unsupported
 from .registry import register_lowering
 
 aten = torch.ops.aten
 
-# TensorE tile limits (nki-reference §2): stationary [K<=128, M<=128], moving [K<=128, N<=512].
-TILE_K = 128
-TILE_M = 128
-TILE_N = 512
-# SBUF bytes per partition for the operand panels (streamed ones counted twice: the next panel is
-# allocated while the current one is live). Trn2 has 192 KiB; the rest holds result and bias tiles.
-SBUF_BUDGET = 128 * 1024
+# Tile sizes come from the context (TensorE, nki-reference §2): stationary [K <= partitions,
+# M <= stationary_fmax], moving [K <= partitions, N <= moving_fmax].
+# The operand panels (streamed ones counted twice: the next panel is allocated while the current
+# one is live) get the usable SBUF minus this reserve, which holds the result, bias and epilogue
+# tiles whatever the chip's SBUF size (128 KiB of panels on trn2's 208 KiB).
+SBUF_RESERVE = 80 * KIB
 # Upper bound on the resident A panel's rows: more rows cut B's re-reads, but past ~8 tiles the
 # gain is small and the panel crowds out double buffering.
 MAX_BLOCK_M = 1024
@@ -187,27 +187,30 @@ def operand_load(k_major: bool, itemsize: int) -> str:
     return "dma_transpose" if itemsize == 2 else "pe_transpose"
 
 
-def plan_blocking(m: int, n: int, k: int, itemsize: int, staged: bool) -> dict:
-    """Tile blocking within the SBUF budget (`staged`: some operand is flipped on TensorE and needs a
-    row-staging tile).
+def plan_blocking(ctx: LoweringContext, m: int, n: int, k: int, itemsize: int, staged: bool) -> dict:
+    """Tile blocking within the target's SBUF budget (`staged`: some operand is flipped on TensorE
+    and needs a row-staging tile). Tiles are [tile_k = partitions, tile_m = stationary_fmax] and
+    tile_n = moving_fmax columns.
 
     "panel": an A^T panel of `block_m` rows over the whole K stays resident while B panels of
-    [K, 512] stream past it (double-buffered); each B panel is reused by every m-tile of the block,
-    and A is read once.
-    "stream" (K too long for a resident panel): per [block_m, 512] output block, K is walked in
-    chunks of `k_chunk` tiles, accumulating into block_m / 128 PSUM banks.
+    [K, tile_n] stream past it (double-buffered); each B panel is reused by every m-tile of the
+    block, and A is read once.
+    "stream" (K too long for a resident panel): per [block_m, tile_n] output block, K is walked in
+    chunks of `k_chunk` tiles, accumulating into block_m / tile_m PSUM banks.
     """
-    k_tiles = math.ceil(k / TILE_K)
-    m_padded = math.ceil(m / TILE_M) * TILE_M
-    stage = 2 * k_tiles * TILE_K * itemsize if staged else 0
-    b_panels = 2 * k_tiles * TILE_N * itemsize
-    rows_fit = max(0, SBUF_BUDGET - b_panels - stage) // (k_tiles * itemsize)
-    block_m = min(MAX_BLOCK_M, rows_fit // TILE_M * TILE_M, m_padded)
-    if block_m >= TILE_M:
+    tile_k, tile_m, tile_n = ctx.tile.partitions, ctx.tile.stationary_fmax, ctx.tile.moving_fmax
+    budget = ctx.sbuf_budget(SBUF_RESERVE)
+    k_tiles = math.ceil(k / tile_k)
+    m_padded = math.ceil(m / tile_m) * tile_m
+    stage = 2 * k_tiles * tile_k * itemsize if staged else 0
+    b_panels = 2 * k_tiles * tile_n * itemsize
+    rows_fit = max(0, budget - b_panels - stage) // (k_tiles * itemsize)
+    block_m = min(MAX_BLOCK_M, rows_fit // tile_m * tile_m, m_padded)
+    if block_m >= tile_m:
         return {"mode": "panel", "block_m": block_m, "k_chunk": k_tiles}
-    block_m = min(STREAM_PSUM_BANKS * TILE_M, m_padded)
-    per_k_tile = 2 * (block_m + TILE_N + (TILE_K if staged else 0)) * itemsize
-    return {"mode": "stream", "block_m": block_m, "k_chunk": max(1, SBUF_BUDGET // per_k_tile)}
+    block_m = min(STREAM_PSUM_BANKS * tile_m, m_padded)
+    per_k_tile = 2 * (block_m + tile_n + (tile_k if staged else 0)) * itemsize
+    return {"mode": "stream", "block_m": block_m, "k_chunk": max(1, budget // per_k_tile)}
 
 
 # --- Bias ----------------------------------------------------------------------------------------
@@ -227,7 +230,7 @@ def _bias_kind(shape: tuple[int, ...], m: int, n: int) -> str:
 # --- Specs -----------------------------------------------------------------------------------------
 
 
-def _matmul_spec(node: fx.Node, a: fx.Node, b: fx.Node, bias: fx.Node | None = None,
+def _matmul_spec(ctx: LoweringContext, node: fx.Node, a: fx.Node, b: fx.Node, bias: fx.Node | None = None,
                  beta: float = 1.0, alpha: float = 1.0) -> KernelSpec:
     a_val, b_val, out_val = val(a), val(b), val(node)
     if a_val.dtype not in SUPPORTED_DTYPES or b_val.dtype != a_val.dtype or out_val.dtype != a_val.dtype:
@@ -248,7 +251,7 @@ def _matmul_spec(node: fx.Node, a: fx.Node, b: fx.Node, bias: fx.Node | None = N
         "b": {"layout": "nk" if b_op.swapped else "kn", "load": b_load, "batch_index": b_op.batch_index},
         "bias": None,
         "epilogue": None,
-        "blocking": plan_blocking(m, n, k, itemsize, "pe_transpose" in (a_load, b_load)),
+        "blocking": plan_blocking(ctx, m, n, k, itemsize, "pe_transpose" in (a_load, b_load)),
     }
     if bias is not None:
         bias_val = val(bias)
@@ -262,19 +265,19 @@ def _matmul_spec(node: fx.Node, a: fx.Node, b: fx.Node, bias: fx.Node | None = N
 
 
 @register_lowering(aten.mm.default, aten.bmm.default)
-def lower_mm(node: fx.Node) -> KernelSpec:
+def lower_mm(ctx: LoweringContext, node: fx.Node) -> KernelSpec:
     a, b = node.args[:2]
-    return _matmul_spec(node, a, b)
+    return _matmul_spec(ctx, node, a, b)
 
 
 @register_lowering(aten.addmm.default)
-def lower_addmm(node: fx.Node) -> KernelSpec:
+def lower_addmm(ctx: LoweringContext, node: fx.Node) -> KernelSpec:
     bias, a, b = node.args[:3]
     beta = node.kwargs.get("beta", 1)
     alpha = node.kwargs.get("alpha", 1)
     if beta == 0:
-        return _matmul_spec(node, a, b, alpha=alpha)  # torch ignores the bias (even NaNs) when beta == 0
-    return _matmul_spec(node, a, b, bias, beta=beta, alpha=alpha)
+        return _matmul_spec(ctx, node, a, b, alpha=alpha)  # torch ignores the bias (even NaNs) when beta == 0
+    return _matmul_spec(ctx, node, a, b, bias, beta=beta, alpha=alpha)
 
 
 _MATMUL_LOWERINGS = {aten.mm.default: lower_mm, aten.bmm.default: lower_mm, aten.addmm.default: lower_addmm}
@@ -282,7 +285,8 @@ _MATMUL_LOWERINGS = {aten.mm.default: lower_mm, aten.bmm.default: lower_mm, aten
 EPILOGUE_ANCHORS = frozenset(_MATMUL_LOWERINGS)
 
 
-def lower_matmul_with_epilogue(mm_node: fx.Node, epilogue_nodes: list[fx.Node], outputs: list[fx.Node]) -> KernelSpec:
+def lower_matmul_with_epilogue(ctx: LoweringContext, mm_node: fx.Node, epilogue_nodes: list[fx.Node],
+                               outputs: list[fx.Node]) -> KernelSpec:
     """One kernel: the matmul, then the pointwise program of `epilogue_nodes` on each output tile
     (see the module docstring for the contract).
 
@@ -293,7 +297,7 @@ def lower_matmul_with_epilogue(mm_node: fx.Node, epilogue_nodes: list[fx.Node], 
     """
     if mm_node.target not in _MATMUL_LOWERINGS:
         raise Unsupported(f"{mm_node.target} is not a matmul this family lowers")
-    spec = _MATMUL_LOWERINGS[mm_node.target](mm_node)
+    spec = _MATMUL_LOWERINGS[mm_node.target](ctx, mm_node)
     out_shape = tuple(val(mm_node).shape)
     for node in epilogue_nodes:
         if tuple(val(node).shape) != out_shape:

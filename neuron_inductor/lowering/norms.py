@@ -4,7 +4,7 @@ and batch norm's forward (training and eval), which normalises per channel inste
 (`channel_layout`: channels on partitions).
 
 All of them reduce every row of a tensor over its trailing dims, so they share one layout: rows
-(the flattened leading dims) go to the 128 partitions and the reduced elements (the flattened
+(the flattened leading dims) go to the partitions and the reduced elements (the flattened
 trailing dims) to the free axis, in column chunks that fit SBUF. The layout is computed here, at
 lowering time: for every row tile and column chunk, the exact HBM slices its DMAs read or write.
 A row tile may straddle leading dims (rows 0..127 of a [2, 65, D] tensor), so it is covered by a
@@ -20,20 +20,18 @@ import torch
 import torch.fx as fx
 
 from .common import result_values, val
+from .context import KIB, LoweringContext
 from .ir import KernelSpec, Unsupported
 from .registry import register_lowering
 
 aten = torch.ops.aten
 
-PARTITIONS = 128
-# Bytes per partition the live tiles of one row tile may take. SBUF has 208 KiB usable per
-# partition on trn2; the rest leaves room for a tile being allocated while its predecessor is live.
-SBUF_BUDGET = 160 * 1024
+# The live tiles of one row tile may take the usable SBUF per partition minus this reserve, which
+# leaves room for a tile being allocated while its predecessor is live (160 KiB of trn2's 208 KiB).
+SBUF_RESERVE = 48 * KIB
 # Column chunks start at multiples of this: whole bn_stats groups (512), PSUM blocks (512) and
 # 128-column matmul blocks.
 CHUNK_ALIGN = 512
-# fp32 elements per partition of one PSUM bank.
-PSUM_FREE = 512
 
 
 # --- layout ------------------------------------------------------------------------------------
@@ -87,10 +85,10 @@ def spans(shape: tuple[int, ...], limit: int, align: int = 1) -> list[dict]:
     return result
 
 
-def row_layout(shape: tuple[int, ...], reduced_ndim: int, bytes_per_col: int) -> dict:
+def row_layout(ctx: LoweringContext, shape: tuple[int, ...], reduced_ndim: int, bytes_per_col: int) -> dict:
     """Template params placing the rows of `shape` on partitions and its last `reduced_ndim`
     dims on the free axis, in column chunks whose live tiles take `bytes_per_col` bytes per
-    column (per partition) within SBUF_BUDGET."""
+    column (per partition) within the target's SBUF budget."""
     lead, trail = shape[: len(shape) - reduced_ndim], shape[len(shape) - reduced_ndim:]
     rows, cols = math.prod(lead), math.prod(trail)
     if rows == 0 or cols == 0:
@@ -98,8 +96,8 @@ def row_layout(shape: tuple[int, ...], reduced_ndim: int, bytes_per_col: int) ->
     return {
         "rows": rows,
         "cols": cols,
-        "row_tiles": spans(lead, PARTITIONS),
-        "col_chunks": spans(trail, max(1, SBUF_BUDGET // bytes_per_col), CHUNK_ALIGN),
+        "row_tiles": spans(lead, ctx.tile.partitions),
+        "col_chunks": spans(trail, max(1, ctx.sbuf_budget(SBUF_RESERVE) // bytes_per_col), CHUNK_ALIGN),
         # Index of the per-row statistics (mean / rstd), which keep the reduced dims with size 1.
         "stat_index": [[0, 1]] * reduced_ndim,
     }
@@ -127,20 +125,21 @@ def _reduced_ndim_for_dim(shape: tuple[int, ...], dim: int) -> int:
 
 # --- softmax / log_softmax ---------------------------------------------------------------------
 
-def _softmax_layout(x: fx.Node, what: str, dim: int, bytes_per_col: int) -> tuple[tuple[int, ...], dict]:
+def _softmax_layout(ctx: LoweringContext, x: fx.Node, what: str, dim: int,
+                    bytes_per_col: int) -> tuple[tuple[int, ...], dict]:
     """The shape of the softmax operand `x` and its row layout for a softmax over `dim`."""
     _float_input(x, what)
     shape = _shape(x)
     if not shape:
         raise Unsupported("0-d input")
-    return shape, row_layout(shape, _reduced_ndim_for_dim(shape, dim), bytes_per_col)
+    return shape, row_layout(ctx, shape, _reduced_ndim_for_dim(shape, dim), bytes_per_col)
 
 
 @register_lowering(aten._softmax.default, aten._log_softmax.default)
-def lower_softmax(node: fx.Node) -> KernelSpec:
+def lower_softmax(ctx: LoweringContext, node: fx.Node) -> KernelSpec:
     x, dim, _half_to_float = node.args
     # Live per column (fp32 worst case): x, its exponentials, y.
-    shape, layout = _softmax_layout(x, "input", dim, 12)
+    shape, layout = _softmax_layout(ctx, x, "input", dim, 12)
     return KernelSpec(
         family="softmax",
         params={"mode": "forward", "log": node.target is aten._log_softmax.default, **layout},
@@ -148,10 +147,10 @@ def lower_softmax(node: fx.Node) -> KernelSpec:
 
 
 @register_lowering(aten._softmax_backward_data.default, aten._log_softmax_backward_data.default)
-def lower_softmax_backward(node: fx.Node) -> KernelSpec:
+def lower_softmax_backward(ctx: LoweringContext, node: fx.Node) -> KernelSpec:
     grad_output, output, dim, _input_dtype = node.args
     # Live per column: dy, y, their product (or exp(y)), dx.
-    shape, layout = _softmax_layout(output, "output", dim, 16)
+    shape, layout = _softmax_layout(ctx, output, "output", dim, 16)
     return KernelSpec(
         family="softmax",
         params={"mode": "backward", "log": node.target is aten._log_softmax_backward_data.default, **layout},
@@ -168,12 +167,12 @@ def _optional_float(node, what: str) -> list[fx.Node]:
 
 
 @register_lowering(aten.native_layer_norm.default)
-def lower_layer_norm(node: fx.Node) -> KernelSpec:
+def lower_layer_norm(ctx: LoweringContext, node: fx.Node) -> KernelSpec:
     x, normalized_shape, weight, bias, eps = node.args
     _float_input(x, "input")
     shape = _shape(x)
     # Live per column: x, a temporary, y, and the weight and bias (each a row and its broadcast).
-    layout = row_layout(shape, len(normalized_shape), 28)
+    layout = row_layout(ctx, shape, len(normalized_shape), 28)
     return KernelSpec(
         family="layer_norm",
         params={"mode": "forward", "eps": float(eps), "has_weight": weight is not None,
@@ -183,7 +182,7 @@ def lower_layer_norm(node: fx.Node) -> KernelSpec:
 
 
 @register_lowering(aten.native_layer_norm_backward.default)
-def lower_layer_norm_backward(node: fx.Node) -> KernelSpec:
+def lower_layer_norm_backward(ctx: LoweringContext, node: fx.Node) -> KernelSpec:
     grad_out, x, normalized_shape, mean, rstd, weight, _bias, _output_mask = node.args
     _float_input(x, "input")
     has_dx, has_dw, has_db = (value is not None for value in val(node))
@@ -192,12 +191,12 @@ def lower_layer_norm_backward(node: fx.Node) -> KernelSpec:
     shape = _shape(x)
     # Live per column: dy, x, x_hat, g = dy * w, g * x_hat, dy * x_hat, a temporary, dx, and the
     # weight (a row and its broadcast).
-    layout = row_layout(shape, len(normalized_shape), 40)
+    layout = row_layout(ctx, shape, len(normalized_shape), 40)
     trail = shape[len(shape) - len(normalized_shape):]
-    # grad_weight / grad_bias: column sums over all rows, accumulated in PSUM with 128 columns per
-    # matmul output block on partitions, one PSUM column per block.
-    col_blocks = spans(trail, PARTITIONS, PARTITIONS)
-    if (has_dw or has_db) and len(col_blocks) > PSUM_FREE:
+    # grad_weight / grad_bias: column sums over all rows, accumulated in PSUM with a partition's
+    # worth of columns per matmul output block on partitions, one PSUM column per block.
+    col_blocks = spans(trail, ctx.tile.partitions, ctx.tile.partitions)
+    if (has_dw or has_db) and len(col_blocks) > ctx.tile.psum_fmax:
         raise Unsupported(f"grad_weight over {layout['cols']} columns exceeds one PSUM bank of block sums")
     return KernelSpec(
         family="layer_norm",
@@ -210,7 +209,7 @@ def lower_layer_norm_backward(node: fx.Node) -> KernelSpec:
 # --- RMS norm ----------------------------------------------------------------------------------
 
 @register_lowering(aten._fused_rms_norm.default)
-def lower_rms_norm(node: fx.Node) -> KernelSpec:
+def lower_rms_norm(ctx: LoweringContext, node: fx.Node) -> KernelSpec:
     x, normalized_shape, weight, eps = node.args
     _float_input(x, "input")
     shape = _shape(x)
@@ -218,7 +217,7 @@ def lower_rms_norm(node: fx.Node) -> KernelSpec:
         # ATen computes in fp32 for fp32 / bf16 / fp16 inputs and defaults eps to fp32's epsilon.
         eps = torch.finfo(torch.float32).eps
     # Live per column: x, its squares, y, and the weight (a row and its broadcast).
-    layout = row_layout(shape, len(normalized_shape), 20)
+    layout = row_layout(ctx, shape, len(normalized_shape), 20)
     return KernelSpec(
         family="rms_norm",
         params={"eps": float(eps), "has_weight": weight is not None, **layout},
@@ -231,22 +230,23 @@ def lower_rms_norm(node: fx.Node) -> KernelSpec:
 REDUCTIONS = ("none", "mean", "sum")  # ATen's reduction enum
 
 
-def _nll_params(x: fx.Node, weight, reduction: int, ignore_index: int, bytes_per_col: int) -> dict:
+def _nll_params(ctx: LoweringContext, x: fx.Node, weight, reduction: int, ignore_index: int,
+                bytes_per_col: int) -> dict:
     _float_input(x, "input")
     shape = _shape(x)
     if len(shape) not in (1, 2):
         raise Unsupported(f"{len(shape)}-d input (nll_loss takes [C] or [N, C])")
     return {"reduction": REDUCTIONS[reduction], "ignore_index": int(ignore_index),
             "has_weight": weight is not None, "batched": len(shape) == 2,
-            **row_layout(shape, 1, bytes_per_col)}
+            **row_layout(ctx, shape, 1, bytes_per_col)}
 
 
 @register_lowering(aten.nll_loss_forward.default)
-def lower_nll_loss(node: fx.Node) -> KernelSpec:
+def lower_nll_loss(ctx: LoweringContext, node: fx.Node) -> KernelSpec:
     x, target, weight, reduction, ignore_index = node.args
     # Live per column: x, the class-index iota, the target penalty, x + penalty, and the weight
     # (a row, its broadcast and its product with the target mask).
-    params = _nll_params(x, weight, reduction, ignore_index, 32)
+    params = _nll_params(ctx, x, weight, reduction, ignore_index, 32)
     return KernelSpec(
         family="cross_entropy", params={"mode": "forward", **params},
         inputs=[x, target, *_optional_float(weight, "weight")],
@@ -254,11 +254,11 @@ def lower_nll_loss(node: fx.Node) -> KernelSpec:
 
 
 @register_lowering(aten.nll_loss_backward.default)
-def lower_nll_loss_backward(node: fx.Node) -> KernelSpec:
+def lower_nll_loss_backward(ctx: LoweringContext, node: fx.Node) -> KernelSpec:
     grad_output, x, target, weight, reduction, ignore_index, total_weight = node.args
     # Live per column: the class-index iota, the gradient tile, and the weight (a row, its
     # broadcast and its product with the target mask).
-    params = _nll_params(x, weight, reduction, ignore_index, 20)
+    params = _nll_params(ctx, x, weight, reduction, ignore_index, 20)
     # The mean divides by total_weight; the other reductions do not read it.
     divisor = [total_weight] if params["reduction"] == "mean" else []
     return KernelSpec(
@@ -274,7 +274,7 @@ def lower_nll_loss_backward(node: fx.Node) -> KernelSpec:
 MAX_BATCH_NORM_DMAS = 16384
 
 
-def channel_layout(shape: tuple[int, ...], bytes_per_col: int) -> dict:
+def channel_layout(ctx: LoweringContext, shape: tuple[int, ...], bytes_per_col: int) -> dict:
     """Template params placing the channels (dim 1) of `shape` on partitions and every sample's
     spatial positions on the free axis: columns n * S + s of an [N, C, S] view, in column chunks
     whose live tiles take `bytes_per_col` bytes per column. A chunk is a list of pieces, each one
@@ -286,10 +286,11 @@ def channel_layout(shape: tuple[int, ...], bytes_per_col: int) -> dict:
     batch, channels, spatial = shape[0], shape[1], math.prod(shape[2:])
     if batch * channels * spatial == 0:
         raise Unsupported("empty tensor")
-    split = next((k for k in range(PARTITIONS // channels, 1, -1) if batch % k == 0), 1)
+    partitions = ctx.tile.partitions
+    split = next((k for k in range(partitions // channels, 1, -1) if batch % k == 0), 1)
     batch //= split
     col_chunks = []
-    for span in spans((batch, spatial), max(1, SBUF_BUDGET // bytes_per_col), CHUNK_ALIGN):
+    for span in spans((batch, spatial), max(1, ctx.sbuf_budget(SBUF_RESERVE) // bytes_per_col), CHUNK_ALIGN):
         pieces = []
         for box in span["boxes"]:
             (n0, n1), (s0, s1) = box["index"]
@@ -299,7 +300,7 @@ def channel_layout(shape: tuple[int, ...], bytes_per_col: int) -> dict:
                 at += s1 - s0
         col_chunks.append({"size": span["size"], "pieces": pieces})
     channel_tiles = [{"start": start, "size": size} for start, size in
-                     ((start, min(PARTITIONS, channels - start)) for start in range(0, channels, PARTITIONS))]
+                     ((start, min(partitions, channels - start)) for start in range(0, channels, partitions))]
     dmas = split * len(channel_tiles) * sum(len(chunk["pieces"]) for chunk in col_chunks)
     if dmas > MAX_BATCH_NORM_DMAS:
         raise Unsupported(f"{dmas} DMAs for {batch} samples of {spatial} positions (over {MAX_BATCH_NORM_DMAS})")
@@ -316,7 +317,7 @@ def _batch_norm_input(x: fx.Node) -> tuple[int, ...]:
 
 
 @register_lowering(aten._native_batch_norm_legit_functional.default)
-def lower_batch_norm_training(node: fx.Node) -> KernelSpec:
+def lower_batch_norm_training(ctx: LoweringContext, node: fx.Node) -> KernelSpec:
     x, weight, bias, running_mean, running_var, training, momentum, eps = node.args
     if not training:
         raise Unsupported("training=False (eval batch norm arrives as _native_batch_norm_legit_no_training)")
@@ -325,7 +326,7 @@ def lower_batch_norm_training(node: fx.Node) -> KernelSpec:
     if count < 2:
         raise Unsupported("one value per channel: the unbiased running variance divides by zero")
     # Live per column: x and y (fp32 worst case).
-    layout = channel_layout(shape, 8)
+    layout = channel_layout(ctx, shape, 8)
     return KernelSpec(
         family="batch_norm",
         params={"mode": "train", "eps": float(eps), "momentum": float(momentum),
@@ -337,12 +338,12 @@ def lower_batch_norm_training(node: fx.Node) -> KernelSpec:
 
 
 @register_lowering(aten._native_batch_norm_legit_no_training.default)
-def lower_batch_norm_eval(node: fx.Node) -> KernelSpec:
+def lower_batch_norm_eval(ctx: LoweringContext, node: fx.Node) -> KernelSpec:
     x, weight, bias, running_mean, running_var, _momentum, eps = node.args
     shape = _batch_norm_input(x)
     if any(user.args[1] != 0 for user in node.users):
         raise Unsupported("its empty saved-statistics results are read")
-    layout = channel_layout(shape, 8)
+    layout = channel_layout(ctx, shape, 8)
     return KernelSpec(
         family="batch_norm",
         params={"mode": "eval", "eps": float(eps), "has_weight": weight is not None,
@@ -359,7 +360,7 @@ MAX_GROUP_NORM_AFFINE_OPS = 2048
 
 
 @register_lowering(aten.native_group_norm.default)
-def lower_group_norm(node: fx.Node) -> KernelSpec:
+def lower_group_norm(ctx: LoweringContext, node: fx.Node) -> KernelSpec:
     x, weight, bias, batch, channels, spatial, groups, eps = node.args
     _float_input(x, "input")
     batch, channels, spatial, groups = (int(v) for v in (batch, channels, spatial, groups))
@@ -369,11 +370,11 @@ def lower_group_norm(node: fx.Node) -> KernelSpec:
     # Rows (sample, group) are contiguous runs of the input: [N * G, C / G * S]. Fewer rows than
     # half the partitions split into sub-rows of whole channels (the kernel combines their
     # statistics), so more partitions work: the layout's groups are then sub-groups.
-    split = next((k for k in range(PARTITIONS // (batch * groups), 1, -1) if group_channels % k == 0), 1)
+    split = next((k for k in range(ctx.tile.partitions // (batch * groups), 1, -1) if group_channels % k == 0), 1)
     groups, group_channels = groups * split, group_channels // split
     shape = (batch * groups, group_channels * spatial)
     # Live per column: x and y (fp32 worst case).
-    layout = row_layout(shape, 1, 8)
+    layout = row_layout(ctx, shape, 1, 8)
     if group_channels * len(layout["col_chunks"]) > MAX_GROUP_NORM_AFFINE_OPS:
         raise Unsupported(f"{group_channels} channels per group over {len(layout['col_chunks'])} column chunks "
                           f"(over {MAX_GROUP_NORM_AFFINE_OPS} affine instructions per row tile)")

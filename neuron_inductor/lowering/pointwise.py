@@ -7,14 +7,14 @@ some arguments are not taken. The graph
 lowering (`lowering/graph.py`) gathers pointwise nodes of one output shape into groups:
 - `is_pointwise(node)`: the node is an elementwise op this family computes for these arguments;
   `refusal(node)` says why not (None when it is).
-- `lower_pointwise_group(nodes, outputs) -> KernelSpec`: one `pointwise` kernel computing `nodes`
+- `lower_pointwise_group(ctx, nodes, outputs) -> KernelSpec`: one `pointwise` kernel computing `nodes`
   (topologically ordered, one output shape) and returning the values of `outputs`.
   Values produced outside the group become HBM inputs read with their own logical shape
   (strided / permuted / expanded views are fine: the kernel reshapes them to the coalesced
   iteration shape and the DMA reads through the strides); Python scalars and 0-d constants
   (`scalar_tensor`, `full([], v)`) become immediates. A 0-d constant node needs no kernel of its
   own when every user is pointwise: its users fold it.
-A pointwise op's registry entry lowered on its own (`LOWERINGS[op](node)`) is a group of one.
+A pointwise op's registry entry lowered on its own (`LOWERINGS[op](ctx, node)`) is a group of one.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ import torch.fx as fx
 from ..tile_program import (ERFC_COEFFICIENTS, SUPPORTED_DTYPES, ProgramBuilder, Ref, build_program,
                             is_imm, plan_kernel)
 from .common import bind_arguments
+from .context import LoweringContext
 from .ir import KernelSpec, Unsupported
 from .registry import LOWERINGS, register_lowering
 
@@ -63,11 +64,11 @@ class PointwiseLowering:
         refused = None if self.refuses is None else self.refuses(node, bind_arguments(node))
         return None if refused is None else f"the pointwise kernels do not take {refused}"
 
-    def __call__(self, node: fx.Node) -> KernelSpec:
+    def __call__(self, ctx: LoweringContext, node: fx.Node) -> KernelSpec:
         refused = self.refusal(node)
         if refused is not None:
             raise Unsupported(refused)
-        return lower_pointwise_group([node], [node])
+        return lower_pointwise_group(ctx, [node], [node])
 
 
 def register_pointwise(*ops: torch._ops.OpOverload,
@@ -94,11 +95,12 @@ def is_pointwise(node: fx.Node) -> bool:
     return refusal(node) is None
 
 
-def lower_pointwise_group(nodes: list[fx.Node], outputs: list[fx.Node]) -> KernelSpec:
-    """One kernel computing every node of `nodes`, returning the values of `outputs`."""
+def lower_pointwise_group(ctx: LoweringContext, nodes: list[fx.Node], outputs: list[fx.Node]) -> KernelSpec:
+    """One kernel computing every node of `nodes`, returning the values of `outputs`, tiled for
+    the context's target."""
     program = build_program(nodes, outputs)
     numel = math.prod(program.shape)
-    params = plan_kernel(program)
+    params = plan_kernel(program, ctx.tile)
     flops = numel * sum(1 for i in program.instrs if i.kind != "cast")
     return KernelSpec("pointwise", params, [inp.value for inp in program.inputs], list(outputs), flops=flops)
 

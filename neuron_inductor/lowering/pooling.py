@@ -15,8 +15,9 @@ import torch
 import torch.fx as fx
 
 from .common import bind_arguments, result_values, val
+from .context import LoweringContext
 from .ir import KernelSpec, Unsupported
-from .norms import PARTITIONS, SBUF_BUDGET
+from .norms import SBUF_RESERVE
 from .registry import register_lowering
 
 aten = torch.ops.aten
@@ -34,7 +35,8 @@ def _pair(values, what: str) -> tuple[int, int]:
     return values[0], values[1]
 
 
-def _plane_geometry(x: fx.Node, output: tuple[int, int], kernel, stride, padding, dilation=(1, 1)) -> dict:
+def _plane_geometry(ctx: LoweringContext, x: fx.Node, output: tuple[int, int], kernel, stride, padding,
+                    dilation=(1, 1)) -> dict:
     """Template params of a pooling over the last two dims of `x` into [OH, OW] = `output`."""
     value = val(x)
     if value.dtype not in (torch.float32, torch.bfloat16, torch.float16):
@@ -53,12 +55,13 @@ def _plane_geometry(x: fx.Node, output: tuple[int, int], kernel, stride, padding
     padded_h = max(height + 2 * ph, (out_h - 1) * sh + (kh - 1) * dh + 1)
     padded_w = max(width + 2 * pw, (out_w - 1) * sw + (kw - 1) * dw + 1)
     # Live per partition (fp32): the plane, its padded copy, and about 8 [OH, OW] tiles.
-    if 4 * (height * width + padded_h * padded_w + 8 * out_h * out_w) > SBUF_BUDGET:
+    if 4 * (height * width + padded_h * padded_w + 8 * out_h * out_w) > ctx.sbuf_budget(SBUF_RESERVE):
         raise Unsupported(f"{height}x{width} planes do not fit one partition of SBUF")
     return {"planes": planes, "height": height, "width": width, "out_h": out_h, "out_w": out_w,
             "kh": kh, "kw": kw, "sh": sh, "sw": sw, "ph": ph, "pw": pw, "dh": dh, "dw": dw,
             "padded_h": padded_h, "padded_w": padded_w,
-            "plane_tiles": [[start, min(PARTITIONS, planes - start)] for start in range(0, planes, PARTITIONS)]}
+            "plane_tiles": [[start, min(ctx.tile.partitions, planes - start)]
+                            for start in range(0, planes, ctx.tile.partitions)]}
 
 
 def _output_size(size: int, kernel: int, stride: int, padding: int, dilation: int, ceil_mode: bool) -> int:
@@ -84,27 +87,27 @@ def _window_args(args: dict) -> tuple[tuple[int, int], ...]:
 
 
 @register_lowering(aten.max_pool2d_with_indices.default)
-def lower_max_pool(node: fx.Node) -> KernelSpec:
+def lower_max_pool(ctx: LoweringContext, node: fx.Node) -> KernelSpec:
     args = bind_arguments(node)
     kernel, stride, padding, dilation, output = _window_args(args)
-    geometry = _plane_geometry(args["self"], output, kernel, stride, padding, dilation)
+    geometry = _plane_geometry(ctx, args["self"], output, kernel, stride, padding, dilation)
     return KernelSpec(family="pool", params={"mode": "max", **geometry}, inputs=[args["self"]],
                       outputs=result_values(node), flops=kernel[0] * kernel[1] * val(node)[0].numel())
 
 
 @register_lowering(aten.max_pool2d_with_indices_backward.default)
-def lower_max_pool_backward(node: fx.Node) -> KernelSpec:
+def lower_max_pool_backward(ctx: LoweringContext, node: fx.Node) -> KernelSpec:
     args = bind_arguments(node)
     kernel, stride, padding, dilation, output = _window_args(args)
-    geometry = _plane_geometry(args["self"], output, kernel, stride, padding, dilation)
+    geometry = _plane_geometry(ctx, args["self"], output, kernel, stride, padding, dilation)
     return KernelSpec(family="pool", params={"mode": "max_backward", **geometry},
                       inputs=[args["grad_output"], args["indices"]], outputs=[node],
                       flops=3 * kernel[0] * kernel[1] * val(args["grad_output"]).numel())
 
 
-def _avg_params(args: dict) -> tuple[dict, int]:
+def _avg_params(ctx: LoweringContext, args: dict) -> tuple[dict, int]:
     kernel, stride, padding, _dilation, output = _window_args(args)
-    geometry = _plane_geometry(args["self"], output, kernel, stride, padding)
+    geometry = _plane_geometry(ctx, args["self"], output, kernel, stride, padding)
     override = args["divisor_override"]
     if override is not None and int(override) == 0:
         raise Unsupported("divisor_override=0")
@@ -119,17 +122,17 @@ def _avg_params(args: dict) -> tuple[dict, int]:
 
 
 @register_lowering(aten.avg_pool2d.default)
-def lower_avg_pool(node: fx.Node) -> KernelSpec:
+def lower_avg_pool(ctx: LoweringContext, node: fx.Node) -> KernelSpec:
     args = bind_arguments(node)
-    params, window = _avg_params(args)
+    params, window = _avg_params(ctx, args)
     return KernelSpec(family="pool", params={"mode": "avg", **params}, inputs=[args["self"]],
                       outputs=[node], flops=window * val(node).numel())
 
 
 @register_lowering(aten.avg_pool2d_backward.default)
-def lower_avg_pool_backward(node: fx.Node) -> KernelSpec:
+def lower_avg_pool_backward(ctx: LoweringContext, node: fx.Node) -> KernelSpec:
     args = bind_arguments(node)
-    params, window = _avg_params(args)
+    params, window = _avg_params(ctx, args)
     return KernelSpec(family="pool", params={"mode": "avg_backward", **params}, inputs=[args["grad_output"]],
                       outputs=[node], flops=window * val(args["grad_output"]).numel())
 
@@ -153,7 +156,7 @@ def _covering(windows: list[list[int]], size: int) -> list[list[int]]:
     return covers
 
 
-def _adaptive_params(x: fx.Node, output: tuple[int, int], backward: bool) -> dict:
+def _adaptive_params(ctx: LoweringContext, x: fx.Node, output: tuple[int, int], backward: bool) -> dict:
     """An average pool when each output size divides the input's; else separable sums over
     ATen's adaptive windows (rows and columns of varying lengths)."""
     height, width = (int(s) for s in val(x).shape[-2:])
@@ -161,13 +164,13 @@ def _adaptive_params(x: fx.Node, output: tuple[int, int], backward: bool) -> dic
     if out_h and out_w and not height % out_h and not width % out_w:
         kernel = (height // out_h, width // out_w)
         return {"mode": "avg_backward" if backward else "avg", "divisor": kernel[0] * kernel[1],
-                "count_include_pad": True, **_plane_geometry(x, output, kernel, kernel, (0, 0))}
-    geometry = _plane_geometry(x, output, (1, 1), (1, 1), (0, 0))
+                "count_include_pad": True, **_plane_geometry(ctx, x, output, kernel, kernel, (0, 0))}
+    geometry = _plane_geometry(ctx, x, output, (1, 1), (1, 1), (0, 0))
     steps = height + width if backward else out_h + out_w
     if steps > MAX_ADAPTIVE_STEPS:
         raise Unsupported(f"adaptive pooling in {steps} reduce steps (over {MAX_ADAPTIVE_STEPS})")
     # Live per partition (fp32): the plane, the partial sums and a few [OH, OW] tiles.
-    if 4 * (2 * height * width + out_w * height + width * out_h + 4 * out_h * out_w) > SBUF_BUDGET:
+    if 4 * (2 * height * width + out_w * height + width * out_h + 4 * out_h * out_w) > ctx.sbuf_budget(SBUF_RESERVE):
         raise Unsupported(f"adaptive {height}x{width} -> {out_h}x{out_w} planes do not fit one partition of SBUF")
     h_windows, w_windows = _adaptive_windows(height, out_h), _adaptive_windows(width, out_w)
     return {"mode": "adaptive_avg_backward" if backward else "adaptive_avg", **geometry,
@@ -176,14 +179,14 @@ def _adaptive_params(x: fx.Node, output: tuple[int, int], backward: bool) -> dic
 
 
 @register_lowering(aten._adaptive_avg_pool2d.default)
-def lower_adaptive_avg_pool(node: fx.Node) -> KernelSpec:
+def lower_adaptive_avg_pool(ctx: LoweringContext, node: fx.Node) -> KernelSpec:
     x, output_size = node.args
-    params = _adaptive_params(x, _pair(output_size, "output_size"), backward=False)
+    params = _adaptive_params(ctx, x, _pair(output_size, "output_size"), backward=False)
     return KernelSpec(family="pool", params=params, inputs=[x], outputs=[node], flops=val(x).numel())
 
 
 @register_lowering(aten._adaptive_avg_pool2d_backward.default)
-def lower_adaptive_avg_pool_backward(node: fx.Node) -> KernelSpec:
+def lower_adaptive_avg_pool_backward(ctx: LoweringContext, node: fx.Node) -> KernelSpec:
     grad_output, x = node.args
-    params = _adaptive_params(x, tuple(int(s) for s in val(grad_output).shape[-2:]), backward=True)
+    params = _adaptive_params(ctx, x, tuple(int(s) for s in val(grad_output).shape[-2:]), backward=True)
     return KernelSpec(family="pool", params=params, inputs=[grad_output], outputs=[node], flops=val(x).numel())

@@ -34,13 +34,12 @@ import torch
 import torch.fx as fx
 
 from .common import arg, result_values, val
+from .context import LoweringContext, TileSizes
 from .ir import KernelSpec, Unsupported
 from .registry import register_lowering
 
 aten = torch.ops.aten
 
-PMAX = 128  # partitions
-PSUM_FMAX = 512  # fp32 elements of one PSUM bank per partition
 FREE_MAX = 8192  # elements per partition of a free-axis tile (32 KiB of fp32)
 EXACT_INT_LIMIT = 2**24  # fp32 represents every integer below this; indices must stay below it
 
@@ -97,8 +96,8 @@ def _groups(shape, reduced: set[int]) -> list[list[int]]:
     return groups
 
 
-def plan_dims(shape, reduced: set[int], free_limit) -> tuple[str, list[Dim]]:
-    """The layout ("free" / "partition" / "full") and how each dim is walked.
+def plan_dims(tile: TileSizes, shape, reduced: set[int], free_limit) -> tuple[str, list[Dim]]:
+    """The layout ("free" / "partition" / "full") and how each dim is walked with `tile`'s partitions.
 
     `free_limit(layout)` gives the largest free-axis tile for that layout.
     """
@@ -113,15 +112,15 @@ def plan_dims(shape, reduced: set[int], free_limit) -> tuple[str, list[Dim]]:
     else:
         f_group, p_group = groups[-1], groups[-2]
         layout = "free" if f_group[0] in reduced else "partition"
-    return layout, walk_dims(shape, reduced, p_group, f_group, free_limit(layout))
+    return layout, walk_dims(tile, shape, reduced, p_group, f_group, free_limit(layout))
 
 
-def plan_copy(shape) -> list[Dim]:
+def plan_copy(tile: TileSizes, shape) -> list[Dim]:
     """How a data-movement kernel walks `shape`: trailing dims on the free axis, leading ones on
     partitions (nothing is reduced)."""
     shape = [int(s) for s in shape]
     p_group, f_group = _split([d for d, s in enumerate(shape) if s > 1], shape)
-    return walk_dims(shape, set(), p_group, f_group, FREE_MAX)
+    return walk_dims(tile, shape, set(), p_group, f_group, FREE_MAX)
 
 
 def _split(group: list[int], shape) -> tuple[list[int], list[int]]:
@@ -133,11 +132,11 @@ def _split(group: list[int], shape) -> tuple[list[int], list[int]]:
     return group[:split], group[split:]
 
 
-def walk_dims(shape, reduced, p_group, f_group, free_limit: int) -> list[Dim]:
-    """Box-tile `p_group` into <= 128 partitions and `f_group` into <= free_limit elements;
-    every other dim is walked one index at a time."""
+def walk_dims(tile: TileSizes, shape, reduced, p_group, f_group, free_limit: int) -> list[Dim]:
+    """Box-tile `p_group` into at most `tile.partitions` partitions and `f_group` into at most
+    free_limit elements; every other dim is walked one index at a time."""
     chunks = {d: 1 for d in range(len(shape))}
-    chunks.update(_box(p_group, shape, PMAX))
+    chunks.update(_box(p_group, shape, tile.partitions))
     chunks.update(_box(f_group, shape, free_limit))
     dims = []
     for d, extent in enumerate(shape):
@@ -178,16 +177,16 @@ RESULTS = {
 }
 
 
-def _free_limit(kind: str):
+def _free_limit(tile: TileSizes, kind: str):
     def limit(layout: str) -> int:
         if layout != "partition":
             return FREE_MAX
         # sums accumulate one PSUM bank; other ops transpose [rows, cols] tiles on TensorE
-        return PSUM_FMAX if kind in ("sum", "mean") else PMAX
+        return tile.psum_fmax if kind in ("sum", "mean") else tile.partitions
     return limit
 
 
-def reduction_spec(node: fx.Node, kind: str, reduced: set[int], keepdim: bool, outputs: list,
+def reduction_spec(ctx: LoweringContext, node: fx.Node, kind: str, reduced: set[int], keepdim: bool, outputs: list,
                    correction: float = 0.0, transform: str | None = None, exponent: float | None = None,
                    root: float | None = None) -> KernelSpec:
     """`transform` (see `_norm_plan`, with `exponent` for "abs_pow") maps every loaded element
@@ -198,7 +197,7 @@ def reduction_spec(node: fx.Node, kind: str, reduced: set[int], keepdim: bool, o
         raise Unsupported(f"dtype {x.dtype} has no on-chip equivalent")
     if x.numel() == 0:
         raise Unsupported("reduction of an empty tensor")
-    layout, dims = plan_dims(shape, reduced, _free_limit(kind))
+    layout, dims = plan_dims(ctx.tile, shape, reduced, _free_limit(ctx.tile, kind))
     count = math.prod(shape[d] for d in reduced)
     if kind in ("argmax", "argmin"):
         nonunit = [d for d in reduced if shape[d] > 1]
@@ -249,62 +248,62 @@ def _reduced_dims(node: fx.Node) -> tuple[set[int], bool]:
 
 
 @register_lowering(aten.sum.dim_IntList, aten.sum.default, aten.mean.dim, aten.mean.default)
-def lower_sum(node: fx.Node) -> KernelSpec:
+def lower_sum(ctx: LoweringContext, node: fx.Node) -> KernelSpec:
     x = val(node.args[0])
     kind = "mean" if node.target in (aten.mean.dim, aten.mean.default) else "sum"
     reduced, keepdim = _reduced_dims(node)
     if x.dtype == torch.float64 or val(node).dtype == torch.float64:
         raise Unsupported("float64")
-    return reduction_spec(node, kind, reduced, keepdim, [node])
+    return reduction_spec(ctx, node, kind, reduced, keepdim, [node])
 
 
 @register_lowering(aten.amax.default, aten.amin.default)
-def lower_amax(node: fx.Node) -> KernelSpec:
+def lower_amax(ctx: LoweringContext, node: fx.Node) -> KernelSpec:
     kind = "max" if node.target is aten.amax.default else "min"
-    return reduction_spec(node, kind, *_reduced_dims(node), [node])
+    return reduction_spec(ctx, node, kind, *_reduced_dims(node), [node])
 
 
 @register_lowering(aten.max.default, aten.min.default)
-def lower_max_all(node: fx.Node) -> KernelSpec:
+def lower_max_all(ctx: LoweringContext, node: fx.Node) -> KernelSpec:
     kind = "max" if node.target is aten.max.default else "min"
-    return reduction_spec(node, kind, *_reduced_dims(node), [node])
+    return reduction_spec(ctx, node, kind, *_reduced_dims(node), [node])
 
 
 @register_lowering(aten.prod.dim_int, aten.prod.default)
-def lower_prod(node: fx.Node) -> KernelSpec:
+def lower_prod(ctx: LoweringContext, node: fx.Node) -> KernelSpec:
     reduced, keepdim = _reduced_dims(node)
     if not val(node).dtype.is_floating_point:
         raise Unsupported("integer products overflow fp32 exactness")
-    return reduction_spec(node, "prod", reduced, keepdim, [node])
+    return reduction_spec(ctx, node, "prod", reduced, keepdim, [node])
 
 
 @register_lowering(aten.any.dim, aten.any.dims, aten.any.default, aten.all.dim, aten.all.dims, aten.all.default)
-def lower_any_all(node: fx.Node) -> KernelSpec:
+def lower_any_all(ctx: LoweringContext, node: fx.Node) -> KernelSpec:
     x = val(node.args[0])
     kind = "any" if node.target in (aten.any.dim, aten.any.dims, aten.any.default) else "all"
     reduced, keepdim = _reduced_dims(node)
     if x.dtype != torch.bool:
         raise Unsupported("any/all of a non-bool tensor (decompositions compare to zero first)")
-    return reduction_spec(node, kind, reduced, keepdim, [node])
+    return reduction_spec(ctx, node, kind, reduced, keepdim, [node])
 
 
 @register_lowering(aten.max.dim, aten.min.dim)
-def lower_max_dim(node: fx.Node) -> KernelSpec:
+def lower_max_dim(ctx: LoweringContext, node: fx.Node) -> KernelSpec:
     kind = "argmax" if node.target is aten.max.dim else "argmin"
-    return reduction_spec(node, kind, *_reduced_dims(node), result_values(node))
+    return reduction_spec(ctx, node, kind, *_reduced_dims(node), result_values(node))
 
 
 @register_lowering(aten.argmax.default, aten.argmin.default)
-def lower_argmax(node: fx.Node) -> KernelSpec:
+def lower_argmax(ctx: LoweringContext, node: fx.Node) -> KernelSpec:
     x = val(node.args[0])
     kind = "argmax" if node.target is aten.argmax.default else "argmin"
     if arg(node, 1, "dim") is None and x.dim() > 1:
         raise Unsupported("argmax/argmin over a flattened multi-dim tensor")
-    return reduction_spec(node, kind, *_reduced_dims(node), [node])
+    return reduction_spec(ctx, node, kind, *_reduced_dims(node), [node])
 
 
 @register_lowering(aten.var.correction, aten.var_mean.correction)
-def lower_var(node: fx.Node) -> KernelSpec:
+def lower_var(ctx: LoweringContext, node: fx.Node) -> KernelSpec:
     x = val(node.args[0])
     if not x.dtype.is_floating_point:
         raise Unsupported("variance of an integer tensor")
@@ -313,7 +312,7 @@ def lower_var(node: fx.Node) -> KernelSpec:
     correction = 1.0 if correction is None else float(correction)
     keepdim = bool(node.kwargs.get("keepdim", False))
     outputs = result_values(node) if node.target is aten.var_mean.correction else [node]
-    return reduction_spec(node, "var", reduced, keepdim, outputs, correction)
+    return reduction_spec(ctx, node, "var", reduced, keepdim, outputs, correction)
 
 
 def _norm_plan(order: float) -> tuple[str, str, float | None]:
@@ -333,7 +332,7 @@ def _norm_plan(order: float) -> tuple[str, str, float | None]:
 
 
 @register_lowering(aten.linalg_vector_norm.default)
-def lower_vector_norm(node: fx.Node) -> KernelSpec:
+def lower_vector_norm(ctx: LoweringContext, node: fx.Node) -> KernelSpec:
     """linalg.vector_norm over any set of dims: each loaded tile is transformed elementwise in fp32
     (x*x, |x|, |x|**p or x != 0), reduced like a sum / amax / amin in every layout, and the reduced
     value raised to 1/p (power on VectorE) before the store. The `dtype` argument only sets the
@@ -349,13 +348,13 @@ def lower_vector_norm(node: fx.Node) -> KernelSpec:
     reduced = normalize_dims(arg(node, 2, "dim"), x.dim())
     keepdim = bool(arg(node, 3, "keepdim", False))
     exponent = order if transform == "abs_pow" else None
-    return reduction_spec(node, kind, reduced, keepdim, [node], transform=transform, exponent=exponent, root=root)
+    return reduction_spec(ctx, node, kind, reduced, keepdim, [node], transform=transform, exponent=exponent, root=root)
 
 
 # ---- scans ------------------------------------------------------------------------------------------
 
 @register_lowering(aten.cumsum.default)
-def lower_cumsum(node: fx.Node) -> KernelSpec:
+def lower_cumsum(ctx: LoweringContext, node: fx.Node) -> KernelSpec:
     """Inclusive prefix sum along `dim`, in fp32.
 
     Along the last non-unit dim (scan axis "f"): a Hillis-Steele log-step scan of VectorE adds on
@@ -387,12 +386,13 @@ def lower_cumsum(node: fx.Node) -> KernelSpec:
     trailing = [d for d in range(dim + 1, rank) if shape[d] > 1]
     if not trailing:
         # the scanned dim plays the role of a reduced dim: trailing, so it lands on the free axis
-        _, dims = plan_dims(shape, {dim}, lambda layout: FREE_MAX)
+        _, dims = plan_dims(ctx.tile, shape, {dim}, lambda layout: FREE_MAX)
         scan_axis, guard_nonfinite = "f", False  # VectorE adds handle inf and NaN as eager does
     else:
         guard_nonfinite = x.dtype.is_floating_point
         # the finite values and two flag columns share one PSUM bank
-        dims = walk_dims(shape, {dim}, [dim], trailing, PSUM_FMAX // 3 if guard_nonfinite else PSUM_FMAX)
+        psum_fmax = ctx.tile.psum_fmax
+        dims = walk_dims(ctx.tile, shape, {dim}, [dim], trailing, psum_fmax // 3 if guard_nonfinite else psum_fmax)
         scan_axis = "p"
     params = {"dims": [d.as_param() for d in dims], "scan_dim": dim, "scan_axis": scan_axis,
               "guard_nonfinite": guard_nonfinite, "FLT_MAX": float(torch.finfo(torch.float32).max)}

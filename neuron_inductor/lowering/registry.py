@@ -1,8 +1,9 @@
 """The op table: what happens to each ATen op, in one place.
 
-- `LOWERINGS`: the kernel lowering of an op. Lowering modules register with `register_lowering`
-  (pointwise ops with `lowering.pointwise.register_pointwise`); `load_lowerings()` imports the
-  modules of `LOWERING_MODULES`.
+- `LOWERINGS`: the kernel lowering of an op, called as `lowering(ctx, node)` with the graph's
+  `LoweringContext` (lowering/context.py: the target and its tile sizes). Lowering modules register
+  with `register_lowering` (pointwise ops with `lowering.pointwise.register_pointwise`);
+  `load_lowerings()` imports the modules of `LOWERING_MODULES`.
 - `VIEW_OPS`, `ALLOCATIONS`, `SIZE_OPS`, `RNG_WRAPPERS`, `COLLECTIVES`: host steps (no kernel).
 - `FALLBACKS`: deliberate eager fallbacks, with the reason the user sees.
 - `KEPT_WHOLE`: ops the decomposition table leaves whole because a lowering takes them.
@@ -21,13 +22,14 @@ from typing import Callable
 import torch
 import torch.fx as fx
 
+from .context import LoweringContext
 from .ir import KernelSpec
 
 aten = torch.ops.aten
 
-LoweringFn = Callable[[fx.Node], KernelSpec]
+LoweringFn = Callable[[LoweringContext, fx.Node], KernelSpec]
 
-# ATen op overload -> function building the KernelSpec for one node.
+# ATen op overload -> function building the KernelSpec for one node, for the context's target.
 LOWERINGS: dict[torch._ops.OpOverload, LoweringFn] = {}
 
 # Modules holding the lowerings, one kernel family each (imported by load_lowerings()).

@@ -18,6 +18,7 @@ import torch.fx as fx
 import torch.utils._pytree as pytree
 
 from ..lowering.common import result_values
+from ..lowering.context import LoweringContext
 from ..lowering.ir import KernelSpec, Unsupported
 from ..lowering.registry import register_lowering
 from .op import REGISTRY, UserOp, named, user_op_of
@@ -77,12 +78,13 @@ def _tensor_flops(user: UserOp, functionalized: bool, encoded: dict, inputs: lis
     return sum(i.flops for i in recorded if i.engine != "dma")
 
 
-def lower_user_op(node: fx.Node) -> KernelSpec:
+def lower_user_op(ctx: LoweringContext, node: fx.Node) -> KernelSpec:
+    """A user's kernel is theirs as written: the context's tile sizes do not apply."""
     return _spec(node, REGISTRY[node.target], node.args, node.kwargs, functionalized=False)
 
 
 @register_lowering(auto_functionalized_v2)
-def lower_functionalized_user_op(node: fx.Node) -> KernelSpec:
+def lower_functionalized_user_op(ctx: LoweringContext, node: fx.Node) -> KernelSpec:
     user = user_op_of(node)
     if user is None:
         raise Unsupported(f"auto_functionalized_v2 of {node.args[0]}: only nki_op custom ops run as kernels")

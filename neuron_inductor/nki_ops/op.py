@@ -173,7 +173,7 @@ def nki_op(name: str, fn: Callable | None = None, mutates_args: str | Iterable[s
     return register if fn is None else register(fn)
 
 
-def _lower(node):
+def _lower(ctx, node):
     from .lowering import lower_user_op  # (lowering.py imports this module)
 
-    return lower_user_op(node)
+    return lower_user_op(ctx, node)

@@ -32,7 +32,7 @@ def summarize(bucket: session.CompiledBucket) -> dict[str, Any]:
             "name": kernel["name"], "family": kernel["family"], "ops": kernel["ops"], "flops": kernel["flops"],
             "inputs": kernel["inputs"], "outputs": kernel["outputs"],
             "estimated_seconds": estimate.get("seconds"), "instructions": estimate.get("instructions"),
-            "dma_bytes": estimate.get("dma_bytes"),
+            "dma_bytes": estimate.get("dma_bytes"), "engine_seconds": estimate.get("engine_seconds"),
         })
     fallbacks = meta["fallbacks"]  # op, reason, flops (compiler.compile_static_graph)
     kernel_flops = sum(k["flops"] for k in kernels)
@@ -131,6 +131,16 @@ class Report:
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2)
+
+    def to_perfetto(self) -> dict[str, Any]:
+        """The kernels as a Chrome / Perfetto trace: one slice per kernel launch, one track per engine."""
+        from .perfetto import from_report
+        return from_report(self)
+
+    def write_perfetto(self, path: str | Path) -> Path:
+        """Write `to_perfetto()` to `path` (open it in ui.perfetto.dev or chrome://tracing)."""
+        from .perfetto import write
+        return write(self.to_perfetto(), path)
 
     def __str__(self) -> str:
         lines = [f"neuron_inductor report ({self.source}): {len(self.buckets)} compiled graph bucket(s)"]

@@ -40,8 +40,9 @@ Environment:
 
 Modules: dtypes, tensor (NkiTensor), views (NkiTensor view methods), indirect (indirect DMA
 views), addressed (address= tiles), memory (capacity), rules (checks), ops (math operators),
-isa (nki.isa; more instructions in isa_scan, isa_search, isa_gather, isa_cores,
-isa_dma_compute), isa_constants, registers (virtual registers, dynamic loops), objects
+isa (the nki.isa namespace; instructions by family in isa_tensor_engine, isa_alu,
+isa_activation, isa_dma, isa_scan, isa_search, isa_gather, isa_cores, isa_dma_compute, isa_random,
+isa_mx; shared pieces in isa_enums, isa_operands), isa_constants, registers (virtual registers, dynamic loops), objects
 (NKIObject), typing_api (nki.typing), language (nki.language), launch (nki.jit), cores (SPMD /
 LNC programs and their sync points), tracing, cost_model, targets (hardware constants), shim
 (as_nki, load_kernels), __main__ (script runner). README "Interpreter fidelity" lists coverage.

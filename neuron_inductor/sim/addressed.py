@@ -49,6 +49,12 @@ def allocate(shape, dtype, buffer, name, address):
     space = program.address_spaces.get(buffer.name)
     if space is None:
         space = program.address_spaces[buffer.name] = torch.full((rules.PMAX, capacity), _FRESH_BYTE, dtype=torch.uint8)
-    view = space[partition:partition + partitions, offset:offset + nbytes].view(dtype.storage)
-    view = view.view(shape)
+    rows = space[partition:partition + partitions, offset:offset + nbytes].view(dtype.storage)
+    # as_strided, not view(shape): a view gives a one-partition tile a dim-0 stride of its row length, and the
+    # start partition (rules.start_partition) is measured in steps of dim 0
+    inner = [1]
+    for s in reversed(shape[2:]):
+        inner.insert(0, inner[0] * s)
+    view = rows.as_strided(shape, (rows.stride(0),) + tuple(inner[:len(shape) - 1]), rows.storage_offset()) \
+        if len(shape) > 1 else rows.reshape(shape)
     return tensors.NkiTensor(view, dtype, buffer, tensors.Allocation(view), name)

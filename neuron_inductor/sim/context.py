@@ -15,7 +15,8 @@ from .targets import Target, get_target
 
 class ProgramContext:
     __slots__ = ("target", "sbuf", "psum", "program_id", "grid", "kernel_name", "shared_outputs",
-                 "reduce_regs", "reduce_regs_written", "sync_counts", "vector_acc", "address_spaces")
+                 "reduce_regs", "reduce_regs_written", "sync_counts", "vector_acc", "address_spaces",
+                 "rng_state")
 
     def __init__(self, target: Target, program_id=(0,), grid=(1,), kernel_name="", shared_outputs=None):
         self.target = target
@@ -31,6 +32,7 @@ class ProgramContext:
         self.address_spaces = {}  # buffer name -> [128, capacity] uint8 bytes of address= tiles (addressed.py)
         self.vector_acc = None  # VectorE reduce accumulators: 128 fp32, made on first use (isa_scan.py)
         self.sync_counts = {}  # sync-point kind -> how many this program has passed (cores.py)
+        self.rng_state = None  # engine name -> [128, words] XORWOW lane states, made on first use (isa_random.py)
 
 
 class SharedOutputs:

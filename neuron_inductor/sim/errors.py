@@ -7,7 +7,15 @@ class NkiError(Exception):
     """Any error the interpreter raises about a kernel (bad API use, unsupported feature)."""
 
 
-class NkiRuleError(NkiError):
+class NkiValidationError(NkiError):
+    """nki.isa.NkiValidationError: raised when hardware constraints are violated (every rule error is one)."""
+
+
+class NkiNotModelledError(NkiError, NotImplementedError):
+    """A documented API the interpreter does not execute (the MX instructions of NeuronCore-v4)."""
+
+
+class NkiRuleError(NkiValidationError):
     """A hardware rule of nki-reference.md §2 was broken.
 
     `.op` is the API call ("nisa.nc_matmul"), `.rule` the rule in short form

@@ -98,8 +98,8 @@ class IndirectView(tensors.NkiTensor):
         values = index.data
         if index.dtype.kind != "int":
             raise NkiError(f"{api}: indirect offsets must be an integer tile, got {index.dtype.name}")
-        # [P, N] index tiles are read column by column (indices.T.flatten()), as the DGE does.
-        values = (values.t() if values.dim() == 2 else values).reshape(-1).to(torch.int64)
+        # [P, N] index tiles (free dims flattened) are read column by column (indices.T.flatten()), as the DGE does.
+        values = (values.reshape(values.shape[0], -1).t() if values.dim() >= 2 else values).reshape(-1).to(torch.int64)
         if self.vector:
             if values.numel() < self.sizes[0]:
                 raise NkiError(f"{api}: vector_offset has {values.numel()} indices for an access of "
@@ -123,8 +123,8 @@ def make(owner, flat, sizes, strides, base, dtype, scalar_offset, vector_offset,
         if getattr(index, "buffer", None) is None or not index.buffer.on_chip:
             raise NkiError(f"{api}: the offset must be an SBUF tile{'' if vector else ' or a VirtualRegister'}, "
                            f"got {type(index).__name__}")
-        if vector and index.data.dim() != 2:
-            raise NkiError(f"{api}: vector_offset must be a [P, N] tile, got {list(index.data.shape)}")
+        if vector and index.data.dim() < 2:
+            raise NkiError(f"{api}: vector_offset must be a [P, N...] tile, got {list(index.data.shape)}")
         if not vector and index.data.numel() != 1:
             raise NkiError(f"{api}: scalar_offset must be a one-element tile, got {list(index.data.shape)}")
     scale = owner.data.stride(indirect_dim) * owner.dtype.itemsize // dtype.itemsize

@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from . import context, isa, rules
+from .ops import ALU_UNARY
 
 _ARITH = frozenset({"arith"})
 
@@ -45,15 +46,22 @@ def tensor_scalar_reduce(dst, data, op0, operand0, reduce_op, reduce_res=None, r
                          reduce_cmd=isa.reduce_cmd.reset_reduce, reduce_init=None, reduce_res_negate=False, name=None):
     """dst = data <op0> operand0; reduce_res = reduce_op over the free dims (through the accumulators)."""
     api = "nisa.tensor_scalar_reduce"
-    rules.alu_op(api, "op0", op0, _ARITH)
+    unary = getattr(op0, "name", None) in ALU_UNARY  # "Must be None or 0 when op0 is a unary operator (e.g., nl.abs)"
+    if unary:
+        rules.alu_unary_operand(api, "operand0", op0, operand0)
+    else:
+        rules.alu_op(api, "op0", op0, _ARITH)
     name_of = getattr(reduce_op, "name", None)
     if name_of not in _IDENTITY:
         rules.fail(api, "reduce_op is add / multiply / max / min", reduce_op, f"reduce_op={reduce_op!r}")
     if reverse0:
         raise isa.NkiError(f"{api}: reverse0=True is documented as not supported yet")
     p, n = isa._check_elementwise(api, dst, ("data", data))
-    rules.vector_operand(api, "operand0", operand0, p)
-    values = op0.fn(isa._f32(data), isa._scalar(operand0))
+    if unary:
+        values = op0.fn(isa._f32(data))
+    else:
+        rules.vector_operand(api, "operand0", operand0, p)
+        values = op0.fn(isa._f32(data), isa._scalar(operand0))
     isa._write(dst, values)
     reduced = reduce_op.reduce(values, 1)
     acc = _accumulate(api, p, reduced, name_of, reduce_op, reduce_cmd, reduce_init)

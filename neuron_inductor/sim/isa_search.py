@@ -130,3 +130,76 @@ def nonzero_with_count(dst, src, index_offset=0, padding_val=-1, name=None):
     isa._write(dst, out)
     if isa.ACTIVE:
         isa.record("gpsimd", "nonzero_with_count", p * n, isa._bytes(dst, src), n, p, (("dst", dst), ("src", src)))
+
+
+_SNAKE = 16  # topk reads its input as a 16-partition snake
+
+
+def topk(val_dst, idx_dst, src, n, name=None):
+    """Per group of 16 partitions, the K largest of the n bf16 values of its snake (element j at
+    partition j % 16, column j // 16), ascending, with their 0-based snake indices (GpSimd).
+
+    Every partition of a group receives the group's K results: the docstring gives the outputs
+    [par_dim, K] for a 16-partition snake and leaves the row placement open. Equal values keep
+    snake order (the lower index first).
+    """
+    api = "nisa.topk"
+    p, x = rules.operand(api, "src", src, isa._SBUF)
+    pv, k = rules.operand(api, "val_dst", val_dst, isa._SBUF)
+    pi, ki = rules.operand(api, "idx_dst", idx_dst, isa._SBUF)
+    if src.dtype.name != "bfloat16" or val_dst.dtype.name != "bfloat16":
+        rules.fail(api, "src and val_dst are bfloat16", (src.dtype.name, val_dst.dtype.name),
+                   f"src is {src.dtype.name}, val_dst is {val_dst.dtype.name}")
+    if idx_dst.dtype.name != "uint32":
+        rules.fail(api, "idx_dst is uint32", idx_dst.dtype.name, f"idx_dst has dtype {idx_dst.dtype.name}")
+    if p % _SNAKE:
+        rules.fail(api, "partition dim is a multiple of 16", p, f"src has {p} partitions")
+    if pv != p or pi != p or ki != k:
+        rules.fail(api, "val_dst and idx_dst are [par_dim, K]", (list(val_dst.data.shape), list(idx_dst.data.shape)),
+                   f"val_dst {list(val_dst.data.shape)} and idx_dst {list(idx_dst.data.shape)} for src with {p} partitions")
+    n = int(n)
+    if not 8 <= n < 65536:
+        rules.fail(api, "8 <= n < 65536", n, f"n={n}")
+    if not 1 <= k < 32768 or k > n:
+        rules.fail(api, "1 <= K < 32768 and K <= n", k, f"K={k} with n={n}")
+    if x < -(-n // _SNAKE):
+        rules.fail(api, "src free dim >= ceil(n / 16)", x, f"src has {x} columns for n={n}")
+    groups = p // _SNAKE
+    snake = isa._f32(src)[:, :x].reshape(groups, _SNAKE, x).transpose(1, 2).reshape(groups, _SNAKE * x)[:, :n]
+    order = torch.sort(snake, dim=1, descending=True, stable=True).indices[:, :k].flip(1)  # ascending
+    values = snake.gather(1, order)
+    isa._write(val_dst, values.repeat_interleave(_SNAKE, dim=0))
+    isa._write(idx_dst, order.repeat_interleave(_SNAKE, dim=0), wrap=True)
+    if isa.ACTIVE:
+        isa.record("gpsimd", "topk", p * (4 * n + k), isa._bytes(val_dst, idx_dst, src), 4 * n + k, p,
+                   (("val_dst", val_dst), ("idx_dst", idx_dst), ("src", src)))
+
+
+def sequence_bounds(dst, segment_ids, name=None):
+    """dst[0, 0, i] / dst[0, 1, i] = start / end (exclusive) index of the segment holding element i of a
+    [1, N] tile of segment ids; padding (id 0) gets start N and end -1 (GpSimd; fp32 or int32)."""
+    api = "nisa.sequence_bounds"
+    p, n = rules.operand(api, "segment_ids", segment_ids, isa._SBUF)
+    pd, nd = rules.operand(api, "dst", dst, isa._SBUF)
+    for role, t in (("segment_ids", segment_ids), ("dst", dst)):
+        if t.dtype.name not in ("float32", "int32"):
+            rules.fail(api, f"{role} is float32 or int32", t.dtype.name, f"{role} has dtype {t.dtype.name}")
+    if p != 1 or pd != 1 or nd != 2 * n:
+        rules.fail(api, "segment_ids is [1, N] and dst [1, 2, N]", (list(segment_ids.data.shape), list(dst.data.shape)),
+                   f"segment_ids {list(segment_ids.data.shape)}, dst {list(dst.data.shape)}")
+    ids = isa._f32(segment_ids).reshape(n)
+    if bool((ids < 0).any()):
+        rules.fail(api, "segment ids are non-negative", float(ids.min()), "a segment id is negative")
+    index = torch.arange(n, dtype=torch.float32)
+    new_run = torch.ones(n, dtype=torch.bool)
+    new_run[1:] = ids[1:] != ids[:-1]
+    run = new_run.long().cumsum(0) - 1                         # run number of every element
+    starts = index[new_run]                                    # first index of each run
+    ends = torch.cat([starts[1:], torch.tensor([float(n)])])   # one past its last index
+    padding = ids == 0
+    start = torch.where(padding, torch.tensor(float(n)), starts[run])
+    end = torch.where(padding, torch.tensor(-1.0), ends[run])
+    isa._write(dst, torch.stack([start, end]).reshape(1, 2 * n))
+    if isa.ACTIVE:
+        isa.record("gpsimd", "sequence_bounds", n, isa._bytes(dst, segment_ids), n, 1,
+                   (("dst", dst), ("segment_ids", segment_ids)))

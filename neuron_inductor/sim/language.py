@@ -11,11 +11,12 @@ no power(tile, scalar), nl.matmul only with transpose_x=True, nl.store takes an 
 
 from __future__ import annotations
 
+import contextlib
 import operator
 
 import torch
 
-from . import addressed, context, dtypes, isa, replay, rules
+from . import addressed, context, dtypes, isa, isa_random, registers, replay, rules
 from . import tensor as tensors
 from .dtypes import (bfloat16, bool_, float4_e2m1fn_x4, float8_e4m3, float8_e4m3fn,  # noqa: F401
                      float8_e4m3fn_x4, float8_e5m2, float8_e5m2_x4, float8_e8m0fnu, float16, float32, int8,
@@ -427,10 +428,95 @@ def transpose(x, dtype=None) -> NkiTensor:
     return dst
 
 
+# ---------------------------------------------------------------------------- random numbers, gathers, scheduling
+
+def rand(shape, dtype, buffer=sbuf, name="") -> NkiTensor:
+    """A new on-chip tile of uniform [0, 1) values from the Vector engine's generator (isa_random.py)."""
+    if not getattr(buffer, "on_chip", False):
+        raise NkiError("nl.rand: the interpreter generates random tiles in SBUF or PSUM only; "
+                       "generate in SBUF and dma_copy to HBM")
+    t = ndarray(shape, dtype, buffer, name)
+    isa_random.uniform(t)
+    return t
+
+
+def random_seed(seed) -> None:
+    """Seed nl.rand / nl.dropout (the Vector engine's generator) from a [1, 1] 32-bit tile."""
+    isa.set_rng_seed(seed)
+
+
+def dropout(x, rate, dtype=None) -> NkiTensor:
+    """x with each element zeroed with probability `rate` (a number or a [P, 1] tile), on VectorE."""
+    dst = ndarray(x.shape, x.dtype, sbuf)
+    isa.dropout(dst, x, rate)
+    if dtype is None or dtypes.as_dtype(dtype) is x.dtype:
+        return dst
+    out = ndarray(x.shape, dtype, sbuf)
+    isa.tensor_copy(out, dst)
+    return out
+
+
+def gather_flattened(data, indices, axis=0, dtype=None) -> NkiTensor:
+    """out[p, j...] = data[p, indices[p, j...]] over the flattened free dims of data (GpSimd)."""
+    api = "nl.gather_flattened"
+    if axis != 0:
+        raise NkiError(f"{api}: axis={axis} is not modelled (the docstring's semantics are for the default axis=0)")
+    p, n = rules.operand(api, "data", data)
+    pi, ni = rules.operand(api, "indices", indices)
+    if pi != p:
+        rules.same_partitions(api, "data", data, "indices", indices)
+    if indices.dtype.kind != "int":
+        rules.fail(api, "indices have an integer dtype", indices.dtype.name, f"indices have dtype {indices.dtype.name}")
+    where = isa._i64(indices)
+    if bool(((where < 0) | (where >= n)).any()):
+        rules.fail(api, "indices in [0, elements per partition of data)", int(where.max()), f"an index is outside [0, {n})")
+    dst = ndarray(indices.shape, dtype or data.dtype, sbuf)
+    isa._write(dst, torch.gather(isa._f32(data), 1, where))
+    if isa.ACTIVE:
+        isa.record("gpsimd", "gather_flattened", p * ni, isa._bytes(dst, data, indices), ni, p,
+                   (("dst", dst), ("data", data), ("indices", indices)))
+    return dst
+
+
+@contextlib.contextmanager
+def no_reorder():
+    """Program order inside the block: the interpreter always runs in program order; dynamic loops are refused."""
+    registers.NO_REORDER_DEPTH[0] += 1
+    try:
+        yield
+    finally:
+        registers.NO_REORDER_DEPTH[0] -= 1
+
+
+class _MemoryRegionType(type):
+    def __instancecheck__(cls, value):
+        return isinstance(value, tensors.Buffer)
+
+    def __iter__(cls):
+        return iter((sbuf, psum, private_hbm, shared_hbm))
+
+
+class MemoryRegion(metaclass=_MemoryRegionType):
+    """Memory region constants: nl.sbuf, nl.psum, nl.private_hbm (alias nl.hbm), nl.shared_hbm are its members."""
+
+    sbuf, psum, private_hbm, shared_hbm = sbuf, psum, private_hbm, shared_hbm
+
+
+DType = str  # the stub's alias: dtypes are named by string in annotations
+
+
+def _operator_token(op: NkiOp, *args, **kwargs):
+    if op.kind == "bypass":
+        raise NkiError("nl.bypass is an operator token (op0= / op1= of nisa.activate2), not a tile function")
+    raise NkiError(f"nl.{op.name} is declared by nki.language without documented semantics; "
+                   "the interpreter does not guess them")
+
+
 # ---------------------------------------------------------------------------- op objects as nl functions
 
 _CALLS = {"arith": _binary, "compare": _binary, "logical": _binary, "bitvec": _binary,
-          "bitvec_unary": _invert, "unary": _unary, "reduce": _reduce}
+          "bitvec_unary": _invert, "unary": _unary, "reduce": _reduce, "bypass": _operator_token,
+          "undocumented": _operator_token}
 for _op in OPS.values():
     _op.call = _CALLS[_op.kind]
     globals()[_op.name] = _op

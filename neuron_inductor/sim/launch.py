@@ -22,7 +22,7 @@ import os
 
 import torch
 
-from . import cores, rules
+from . import cores, rules, tracing
 from . import replay as replays
 from .errors import NkiError
 from .targets import get_target
@@ -75,6 +75,8 @@ def simulate(kernel):
 
 def run(func, grid, args, kwargs, platform_target=None, replay=False):
     numpy_mode = any(_is_ndarray(a) for a in itertools.chain(args, kwargs.values()))
+    if tracing.ACTIVE:
+        tracing.begin_launch()
     if replay and not numpy_mode:
         return replays.run(func, args, kwargs, grid, platform_target,
                            lambda: _launch(func, grid, args, kwargs, platform_target),

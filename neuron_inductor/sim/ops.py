@@ -22,9 +22,10 @@ import torch.nn.functional as F
 
 
 class NkiOp:
-    __slots__ = ("name", "kind", "fn", "int_fn", "activation", "reduce", "unsupported", "call")
+    __slots__ = ("name", "kind", "fn", "int_fn", "activation", "reduce", "unsupported", "min_nc_version", "call")
 
-    def __init__(self, name, kind, fn=None, int_fn=None, activation=False, reduce=None, unsupported=None):
+    def __init__(self, name, kind, fn=None, int_fn=None, activation=False, reduce=None, unsupported=None,
+                 min_nc_version=2):
         self.name = name
         self.kind = kind
         self.fn = fn                # fp32 semantics
@@ -32,6 +33,7 @@ class NkiOp:
         self.activation = activation  # a ScalarE activation function
         self.reduce = reduce        # (values [P, F] fp32, dim) -> [P] for tensor_reduce
         self.unsupported = unsupported  # why the hardware rejects it, if it does
+        self.min_nc_version = min_nc_version  # the first NeuronCore version that has it
         self.call = None            # the nl-level tile function, set by language.py
 
     def __call__(self, *args, **kwargs):
@@ -91,6 +93,15 @@ def _silu_dx(x):
     return s * (1 + x * (1 - s))
 
 
+def _abs_max(x, y):
+    """x where |x| > |y|, else y (ties return y: nl.abs_max docstring)."""
+    return torch.where(x.abs() > y.abs(), x, y)
+
+
+def _abs_min(x, y):
+    return torch.where(x.abs() < y.abs(), x, y)
+
+
 def _unary(name, fn, activation=True):
     return NkiOp(name, "unary", fn, activation=activation)
 
@@ -106,6 +117,8 @@ OPS = {op.name: op for op in [
     NkiOp("divide", "arith", torch.div, unsupported="the ALU has no divide; use reciprocal then multiply"),
     NkiOp("fmod", "arith", torch.fmod, unsupported="fmod runs only in the simulator, not on the hardware"),
     NkiOp("mod", "arith", torch.remainder, unsupported="mod runs only in the simulator, not on the hardware"),
+    NkiOp("abs_max", "arith", _abs_max, _abs_max, min_nc_version=4),
+    NkiOp("abs_min", "arith", _abs_min, _abs_min, min_nc_version=4),
     # Comparisons: 1.0 where true, 0.0 where false.
     NkiOp("equal", "compare", _compare(torch.eq), _compare(torch.eq)),
     NkiOp("not_equal", "compare", _compare(torch.ne), _compare(torch.ne)),
@@ -129,6 +142,7 @@ OPS = {op.name: op for op in [
     _unary("square", torch.square),
     _unary("sigmoid", torch.sigmoid),
     _unary("relu", torch.relu),
+    _unary("prelu", torch.relu),  # slope relu_param for x < 0 (activate2); the other instructions pass none: 0
     _unary("gelu", lambda x: F.gelu(x)),
     _unary("gelu_dx", _gelu_dx),
     _unary("gelu_apprx_tanh", lambda x: F.gelu(x, approximate="tanh")),
@@ -164,6 +178,10 @@ OPS = {op.name: op for op in [
     NkiOp("all", "reduce", reduce=_all),
     NkiOp("mean", "reduce"),
     NkiOp("var", "reduce"),
+    # The "no operation" stage of activate2's tensor-scalar pipeline.
+    NkiOp("bypass", "bypass", lambda x: x),
+    # Declared by nki.language without a docstring or a semantics: present so kernels import, refused on use.
+    NkiOp("average", "undocumented"),
 ]}
 
 # ALU ops legal in tensor_tensor / tensor_scalar / scalar_tensor_tensor.

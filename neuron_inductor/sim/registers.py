@@ -97,14 +97,25 @@ def dynamic_range(start, stop=None, step=1):
     return range(bound(start), bound(stop), step)
 
 
+# Open `with nl.no_reorder():` blocks, which refuse register-based dynamic loops (nl.no_reorder docstring).
+NO_REORDER_DEPTH = [0]
+
+
+def _outside_no_reorder(api):
+    if NO_REORDER_DEPTH[0]:
+        raise NkiError(f"{api}: register-based dynamic loops are not supported inside a nl.no_reorder() block")
+
+
 def fori_loop(lower, upper, body_fun, step=1) -> None:
     """body_fun(i) for i in [lower, upper) by step; i is a register passed by value."""
+    _outside_no_reorder("nl.fori_loop")
     for i in dynamic_range(lower, upper, step):
         body_fun(VirtualRegister(i))
 
 
 def while_loop(init, body_fun) -> None:
     """r = init; while r != 0: r = body_fun(r) (the body gets a copy and returns the next condition)."""
+    _outside_no_reorder("nl.while_loop")
     _check_register("nl.while_loop", init)
     condition = init
     while condition.read("nl.while_loop") != 0:

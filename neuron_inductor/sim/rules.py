@@ -164,6 +164,17 @@ def alu_op(op, role, nki_op, kinds):
         fail(op, "op is an ALU operator (nl.add, nl.multiply, ...)", nki_op, f"{role}={nki_op!r} is not an ALU operator")
     if nki_op.unsupported:
         fail(op, f"no {nki_op.name} on the hardware", nki_op.name, nki_op.unsupported)
+    if nki_op.min_nc_version > 2:
+        target_version(op, nki_op.name, nki_op.min_nc_version)
+
+
+def target_version(op, what, needed):
+    """Instructions and operators documented as "Available only on NeuronCore-v<needed> and newer"."""
+    from . import context  # lazily: context imports memory, which imports rules
+
+    target = context.current().target
+    if target.nc_version < needed:
+        fail(op, f"{what} needs NeuronCore-v{needed}+", target.name, f"{what} is not available on {target.name}")
 
 
 def activation_op(op, nki_op):

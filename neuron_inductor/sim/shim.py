@@ -16,7 +16,6 @@ import re
 import sys
 import types
 
-import types
 
 from . import dtypes, isa, isa_constants, language, nki_api, typing_api
 from .launch import Kernel

@@ -47,8 +47,20 @@ class Target:
     vector_perf_mode_speedup: int = 2  # bf16 perf mode: 2-4x copy/tensor_scalar, 2x tensor_tensor: low end
     reciprocal_factor: int = 8         # nisa.reciprocal "~8x slower for big N" than activation(reciprocal)
     scalar_min_cycles: int = 64        # ScalarE ~ max(64, N)
-    dma_transpose_efficiency_hbm: float = 0.9   # DMA transpose <= 90% of DMA throughput from HBM
-    dma_transpose_efficiency_sbuf: float = 0.5  # ... and <= 50% SBUF -> SBUF
+    dma_transpose_efficiency_hbm: float = 0.9   # DMA transpose <= 90% of DMA throughput from HBM (A2)
+    dma_transpose_efficiency_sbuf: float = 0.5  # ... and <= 50% SBUF -> SBUF (A2)
+    # The 16 DMA engines write one [128 partitions, 16 contiguous elements] dst block at a time; other
+    # sizes work "at the cost of DMA performance" (A2 "DMA Transpose"): charged as whole padded blocks.
+    dma_transpose_block: tuple = (128, 16)
+    # DMA efficiency by contiguous bytes per descriptor b: b / (b + this). A fit of DB's bands (one
+    # constant): 4 KiB -> 94% ("nearly saturates", DO), 2 KiB -> 89% ("approaches peak"), 256 B -> 50%
+    # ("improving but below peak" from 256 B), 64 B -> 20%, 4 B -> 1.5% ("severely overhead-bound").
+    dma_descriptor_overhead_bytes: int = 256
+    dma_partitions_per_engine: int = 8  # each DMA engine serves 8 SBUF partitions (DO "Example 1")
+    # Fixed cost of one kernel launch: the engines drain at the kernel boundary and the next kernel's
+    # first instruction waits on a cross-engine semaphore (~1.3 us, DB) after one hwDGE descriptor
+    # (~600 ns, A2). No source publishes a per-launch figure; this is their sum, rounded.
+    launch_fixed_s: float = 2.0e-6
 
 
 TARGETS = {

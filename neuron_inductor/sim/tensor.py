@@ -263,10 +263,17 @@ class NkiTensor(ViewMethods):
         return NkiTensor(view, new, self.buffer, self.alloc, self.name)
 
     def _check_real_storage(self, new):
+        """Reinterpreting bytes (ap(dtype=) another dtype) needs storage laid out like the device: the dtype's
+        own element size (uint32 tiles live in int64, uint32 kernel arguments in torch.uint32). Same-dtype
+        patterns count elements, which any storage does."""
+        if new is self.dtype:
+            return
         storage = self.alloc.storage
-        if storage.dtype is not self.dtype.storage or (new is not self.dtype and new.storage.itemsize != new.itemsize):
+        real = storage.dtype is self.dtype.storage and storage.dtype.itemsize == self.dtype.itemsize or \
+            storage.dtype is _RAW_UINT32 and self.dtype.name == "uint32"
+        if not real or _raw_storage(new).itemsize != new.itemsize:
             raise NkiError(f"NkiTensor.ap on a {self.dtype!r} tensor needs real-dtype storage "
-                           f"(unset {dtypes.FP32_STORAGE_ENV}; uint32 has none)")
+                           f"(unset {dtypes.FP32_STORAGE_ENV}; on-chip uint32 has none)")
 
     def _flat_storage(self, new):
         """(storage as 1-D elements of dtype `new`, this view's first element in it, its Allocation)."""
@@ -284,7 +291,7 @@ class NkiTensor(ViewMethods):
         first = self.data.storage_offset() - storage.storage_offset() if alloc is self.alloc else 0
         if new is not self.dtype:
             try:
-                flat = flat.view(new.storage)
+                flat = flat.view(_raw_storage(new))
             except RuntimeError as error:
                 raise NkiError(f"NkiTensor.ap(dtype={new!r}) of a {self.dtype!r} tensor: {error}") from None
             first_bytes = first * self.dtype.itemsize
@@ -300,7 +307,7 @@ class NkiTensor(ViewMethods):
         offset = data.storage_offset()
         if offset == 0:
             return 0
-        storage = self.alloc.storage
+        storage = self.alloc.storage  # address= tiles: a view of the buffer whose dim 0 steps one partition
         partition_bytes = storage.stride(0) * storage.element_size() if storage.dim() else 1
         return offset * data.element_size() // partition_bytes
 
@@ -430,6 +437,14 @@ def allocate(shape, dtype: dtypes.NkiDtype, buffer: Buffer, name: str, pool) -> 
     pool.reserve(nbytes, name, shape, dtype)
     storage = _fresh_storage(shape, storage_dtype, fill)
     return NkiTensor(storage, dtype, buffer, Allocation(storage, pool, nbytes), name)
+
+
+_RAW_UINT32 = torch.uint32
+
+
+def _raw_storage(dtype) -> torch.dtype:
+    """The torch dtype holding `dtype`'s bytes as the device does (uint32's compute storage is int64)."""
+    return _RAW_UINT32 if dtype.name == "uint32" else dtype.storage
 
 
 def wrap_hbm(value: torch.Tensor, name: str = "") -> NkiTensor:

@@ -4,12 +4,14 @@
         kernel(x)
     t.instructions            # [Instruction(engine="tensor", op="nc_matmul", flops=..., bytes=...), ...]
     t.estimate("trn2")        # cost-model estimate for one NeuronCore (see cost_model.py)
+    t.launches                # index of the first instruction of each kernel launch
 
 Traces nest: every instruction is appended to every active trace, so a backend can wrap
 each kernel call in its own trace while a user's outer trace sees everything. With no
 active trace, an instruction costs one list test; with traces active, one record costs
-a few microseconds. Records hold operand shapes, dtypes and buffer names, never
-tensors, so tracing does not keep on-chip memory alive.
+a few microseconds. Records hold operand shapes, dtypes, buffer names and allocation
+identities (for the cost model's dependency chains), never tensors, so tracing does not
+keep on-chip memory alive.
 """
 
 from __future__ import annotations
@@ -34,9 +36,11 @@ class Operand(NamedTuple):
 class Instruction:
     """One executed ISA instruction."""
 
-    __slots__ = ("engine", "op", "flops", "bytes", "free_size", "partitions", "operands", "kernel", "program_id")
+    __slots__ = ("engine", "op", "flops", "bytes", "free_size", "partitions", "operands", "kernel", "program_id",
+                 "allocs", "dma_run_bytes")
 
-    def __init__(self, engine, op, flops, nbytes, free_size, partitions, operands, kernel, program_id):
+    def __init__(self, engine, op, flops, nbytes, free_size, partitions, operands, kernel, program_id,
+                 allocs=(), dma_run_bytes=0):
         self.engine = engine          # "tensor" | "vector" | "scalar" | "gpsimd" | "dma"
         self.op = op                  # ISA op name, e.g. "nc_matmul", "dma_copy", "load"
         self.flops = flops            # 2*K*M*N for matmuls, elements processed otherwise, 0 for DMA
@@ -46,6 +50,8 @@ class Instruction:
         self.operands = operands      # tuple of Operand, dst first
         self.kernel = kernel          # name of the jit kernel that issued it ("" outside kernels)
         self.program_id = program_id
+        self.allocs = allocs          # per operand: an id of its allocation (dependencies within a launch)
+        self.dma_run_bytes = dma_run_bytes  # DMA: contiguous bytes per descriptor (0: bytes per partition)
 
     @property
     def shapes(self) -> tuple:
@@ -67,22 +73,50 @@ class Instruction:
 def record(engine, op, flops, nbytes, free_size, partitions, operands):
     """Append one instruction to every active trace; `operands` = ((role, tensor), ...)."""
     make = tuple.__new__  # Operand(...) without NamedTuple's Python-level __new__
-    described = tuple(
-        make(Operand, (role, tuple(t.data.shape), t.dtype.name, t.buffer.name))
-        for role, t in operands if getattr(t, "buffer", None) is not None
-    )
+    described, allocs, kept = [], [], []
+    for role, t in operands:
+        buffer = getattr(t, "buffer", None)
+        if buffer is not None:
+            described.append(make(Operand, (role, tuple(t.data.shape), t.dtype.name, buffer.name)))
+            allocs.append(id(getattr(t, "alloc", None)))
+            kept.append(t)
+    run = min(map(_contiguous_bytes, kept)) if engine == "dma" and kept else 0
     program = context.current()
-    instruction = Instruction(engine, op, flops, nbytes, free_size, partitions, described,
-                              program.kernel_name, program.program_id)
+    instruction = Instruction(engine, op, flops, nbytes, free_size, partitions, tuple(described),
+                              program.kernel_name, program.program_id, tuple(allocs), run)
     for active in ACTIVE:
         active.instructions.append(instruction)
+
+
+def _contiguous_bytes(t) -> int:
+    """Bytes of the innermost contiguous run of `t`'s view: within one partition on chip (a DMA
+    descriptor never spans partitions), across rows in HBM when the rows are adjacent."""
+    data = t.data
+    shape, strides = data.shape, data.stride()
+    run = 1
+    for dim in range(len(shape) - 1, 0 if t.buffer.on_chip else -1, -1):
+        if shape[dim] == 1:
+            continue
+        if strides[dim] != run:
+            break
+        run *= shape[dim]
+    return run * t.dtype.itemsize
+
+
+def begin_launch() -> None:
+    """Mark the start of a kernel launch in every active trace (the cost model charges each launch
+    on its own: no overlap across kernel boundaries, plus a fixed launch cost)."""
+    for active in ACTIVE:
+        if not active.launches or active.launches[-1] != len(active.instructions):
+            active.launches.append(len(active.instructions))
 
 
 class Trace:
     """Instructions recorded while active (a context manager); traces combine with `+`."""
 
-    def __init__(self, instructions=None, isolated: bool = False):
+    def __init__(self, instructions=None, isolated: bool = False, launches=None):
         self.instructions = list(instructions or ())
+        self.launches = list(launches or ())  # start index of each kernel launch (begin_launch)
         self._isolated = isolated
         self._hidden: list[Trace] = []  # the enclosing traces an isolated trace keeps from recording
 
@@ -104,14 +138,16 @@ class Trace:
         return False
 
     def __add__(self, other: Trace) -> Trace:
-        return Trace(self.instructions + other.instructions)
+        offset = len(self.instructions)
+        return Trace(self.instructions + other.instructions,
+                     launches=self.launches + [offset + start for start in other.launches or [0]])
 
     def __len__(self):
         return len(self.instructions)
 
     def estimate(self, target=None):
         from .cost_model import estimate
-        return estimate(self.instructions, target)
+        return estimate(self.instructions, target, self.launches)
 
     def counts(self) -> dict:
         """{(engine, op): count}."""

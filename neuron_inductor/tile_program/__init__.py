@@ -11,7 +11,8 @@ tile as an epilogue. The pieces, one module each:
 - `select`: `resolve_program(program, kinds, hoisted, store_dtypes)`, instruction selection for
   operand kinds ("tile" [P, F] / "col" [P, 1]) into dicts `codegen_templates/_pointwise_ops.py.j2`
   renders;
-- `planner`: `plan_kernel(program)`, the tiling of a whole pointwise kernel as template data.
+- `planner`: `plan_kernel(program, tile)`, the tiling of a whole pointwise kernel for a target's
+  tile sizes, as template data.
 """
 
 from .builder import ERFC_COEFFICIENTS, ProgramBuilder, build_program, constant_scalar, node_arguments

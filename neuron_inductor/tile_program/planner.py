@@ -2,23 +2,29 @@
 
 The group's shape is coalesced TensorIterator-style (adjacent dims every operand steps through
 uniformly merge). Two or more coalesced dims make a grid region: leading dims one index at a
-time, then column chunks on the free dim, then row tiles of up to 128 partitions. One dim makes
-flat regions: [128, numel // 128] plus a one-partition tail. The plan is plain data (views as
-source + reshape / window, loop starts as stride or base) that `codegen_templates/pointwise.py.j2`
-writes out.
+time, then column chunks on the free dim, then row tiles of up to P partitions (the target's
+partition count, `TileSizes.partitions`). One dim makes flat regions: [P, numel // P] plus a
+one-partition tail. The plan is plain data (views as source + reshape / window, loop starts as
+stride or base) that `codegen_templates/pointwise.py.j2` writes out.
 """
 
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
+from ..sim.targets import KIB
 from .ir import NL_DTYPE, PointwiseProgram, ProgramInput, on_chip_name
 from .select import resolve_program
 
-PMAX = 128                 # partitions per tile
+if TYPE_CHECKING:
+    from ..lowering.context import TileSizes
+
 FREE_TILE_MAX = 8192       # elements per partition of one tile
 FREE_TILE_MIN = 512
-SBUF_BYTES_PER_ITERATION = 64 * 1024  # per partition; the next iteration's tiles double it
+# SBUF per partition kept out of the loop's tiles: hoisted row / scalar operands and the
+# allocator's slack. The rest is split between an iteration's tiles and the next one's.
+SBUF_RESERVE = 80 * KIB
 
 
 def _broadcast_strides(inp: ProgramInput, shape: tuple[int, ...]) -> tuple[list[int], list[int]]:
@@ -87,8 +93,9 @@ def _view(var: str, source: str, shape=None, flat: int | None = None, window: tu
             "shape": None if shape is None else tuple(shape)}
 
 
-def plan_kernel(program: PointwiseProgram) -> dict:
-    """Template parameters: tiling regions, loads, resolved instructions and stores."""
+def plan_kernel(program: PointwiseProgram, tile: TileSizes) -> dict:
+    """Template parameters: tiling regions, loads, resolved instructions and stores, for the
+    target whose tile sizes are `tile`."""
     shape = program.shape
     broadcast = [_broadcast_strides(inp, shape) for inp in program.inputs]
     out_strides = [math.prod(shape[d + 1:]) for d in range(len(shape))]
@@ -106,7 +113,8 @@ def plan_kernel(program: PointwiseProgram) -> dict:
     hoisted = {name for name, kind in kinds.items() if kind in ("row", "scalar")}
     store_dtypes = [on_chip_name(node.meta["val"].dtype) for node, _ in program.results]
     resolved = resolve_program(program, operand_kinds, hoisted, store_dtypes)
-    free_limit = max(FREE_TILE_MIN, min(FREE_TILE_MAX, SBUF_BYTES_PER_ITERATION // max(resolved.tile_bytes, 1)))
+    iteration_bytes = (tile.sbuf_bytes - SBUF_RESERVE) // 2  # this iteration's tiles, and the next one's
+    free_limit = max(FREE_TILE_MIN, min(FREE_TILE_MAX, iteration_bytes // max(resolved.tile_bytes, 1)))
 
     inputs = [(f"in{k}", inp) for k, inp in enumerate(program.inputs)]
     outputs = [(f"out{k}", tuple(int(s) for s in node.meta["val"].shape))
@@ -114,9 +122,9 @@ def plan_kernel(program: PointwiseProgram) -> dict:
     if math.prod(shape) == 0:
         regions = []  # an empty result: nothing to compute
     elif len(sizes) >= 2:
-        regions = [_grid_region(sizes, strides, extents, inputs, outputs, kinds, free_limit)]
+        regions = [_grid_region(sizes, strides, extents, inputs, outputs, kinds, free_limit, tile.partitions)]
     else:
-        regions = _flat_regions(sizes[0] if sizes else 1, inputs, outputs, kinds, free_limit)
+        regions = _flat_regions(sizes[0] if sizes else 1, inputs, outputs, kinds, free_limit, tile.partitions)
     for region in regions:
         region["instrs"] = resolved.instrs
         for store, src in zip(region["stores"], resolved.stores):
@@ -129,14 +137,14 @@ def _load(var: str, view: str, roles: list[str], inp: ProgramInput, kind: str) -
     return {"var": var, "view": view, "roles": roles, "dtype": dtype, "kind": kind}
 
 
-def _grid_region(sizes, strides, extents, inputs, outputs, kinds, free_limit) -> dict:
-    """[lead..., rows, cols]: rows on partitions in tiles of 128, cols on the free dim in large chunks."""
+def _grid_region(sizes, strides, extents, inputs, outputs, kinds, free_limit, partitions) -> dict:
+    """[lead..., rows, cols]: rows on partitions in tiles of `partitions`, cols on the free dim in large chunks."""
     n_lead = len(sizes) - 2
     levels = [{"var": f"l{i}", "start": None,
                "variants": [{"count": sizes[i], "stride": None, "base": 0, "size": 1}]}
               for i in range(n_lead)]
     levels.append(_level("c", "c0", sizes[-1], free_limit))
-    levels.append(_level("r", "r0", sizes[-2], PMAX))
+    levels.append(_level("r", "r0", sizes[-2], partitions))
     roles_of_dims = [f"l{i}" for i in range(n_lead)] + ["row", "col"]
     views, loads = [], [[] for _ in range(len(levels) + 1)]
     for (name, inp), st, ext in zip(inputs, strides, extents):
@@ -162,18 +170,18 @@ def _grid_region(sizes, strides, extents, inputs, outputs, kinds, free_limit) ->
             "partitions": levels[-1]["variants"][0]["size"], "iota": None}
 
 
-def _flat_regions(numel, inputs, outputs, kinds, free_limit) -> list[dict]:
-    """A 1-D iteration: [128, numel // 128] plus a one-partition tail of numel % 128 elements."""
-    per_partition, tail = divmod(numel, PMAX)
+def _flat_regions(numel, inputs, outputs, kinds, free_limit, partitions) -> list[dict]:
+    """A 1-D iteration: [P, numel // P] plus a one-partition tail of numel % P elements (P = `partitions`)."""
+    per_partition, tail = divmod(numel, partitions)
     parts = []
     if per_partition:
-        parts.append((0, PMAX, per_partition))
+        parts.append((0, partitions, per_partition))
     if tail:
-        parts.append((PMAX * per_partition, 1, tail))
+        parts.append((partitions * per_partition, 1, tail))
     regions = []
     for index, (start, rows, cols) in enumerate(parts):
         suffix = "" if len(parts) == 1 else ("_main", "_tail")[index]
-        levels = [_level("c", "c0", cols, free_limit), _level("r", "r0", rows, PMAX)]
+        levels = [_level("c", "c0", cols, free_limit), _level("r", "r0", rows, partitions)]
         views, loads = [], [[] for _ in range(len(levels) + 1)]
 
         def flat_view(name, logical, var):

@@ -18,10 +18,15 @@ from neuron_inductor import config, sim
 from neuron_inductor.codegen.kernel_args import kernel_argument, kernel_dtype, kernel_shape
 from neuron_inductor.codegen.render import render_kernel
 from neuron_inductor.decompositions import neuron_decompositions
+from neuron_inductor.lowering.context import LoweringContext
 from neuron_inductor.lowering.ir import KernelSpec
 from neuron_inductor.lowering.registry import LOWERINGS, load_lowerings
 
 load_lowerings()
+
+# The context kernels are lowered, rendered and run for unless a test names another target.
+CTX = LoweringContext.for_target("trn2")
+TARGETS = ["trn1", "trn2", "trn3"]
 
 # The float dtypes every family is tested in.
 DTYPES = [torch.float32, torch.bfloat16]
@@ -80,20 +85,27 @@ def last_node(gm: fx.GraphModule, target) -> fx.Node:
 
 # --- kernels -----------------------------------------------------------------------------------
 
-def load_kernel(spec: KernelSpec, source_check=None):
-    """Name, render and load the kernel of `spec`; `source_check(source)` sees the rendered source."""
+def lower(node: fx.Node, ctx: LoweringContext = CTX) -> KernelSpec:
+    """The KernelSpec of `node` from its registered lowering, for the target of `ctx`."""
+    return LOWERINGS[node.target](ctx, node)
+
+
+def load_kernel(spec: KernelSpec, source_check=None, ctx: LoweringContext = CTX):
+    """Name, render and load the kernel of `spec` for the target of `ctx` (the interpreter runs it
+    with that chip's rules and capacities); `source_check(source)` sees the rendered source."""
     spec.name = f"k0_{spec.family}"
-    source = render_kernel(spec)
+    source = render_kernel(spec, ctx)
     if source_check is not None:
         source_check(source)
-    return sim.load_kernels(source, f"<{spec.name}>")[spec.name]
+    kernel = sim.load_kernels(source, f"<{spec.name}>")[spec.name]
+    return sim.Kernel(kernel.func, kernel.grid, ctx.target.name)
 
 
-def kernel_for(gm: fx.GraphModule, target, source_check=None):
-    """(node, spec, kernel) for the last `target` node of `gm`: lowered, rendered and loaded."""
+def kernel_for(gm: fx.GraphModule, target, source_check=None, ctx: LoweringContext = CTX):
+    """(node, spec, kernel) for the last `target` node of `gm`: lowered, rendered and loaded for `ctx`."""
     node = last_node(gm, target)
-    spec = LOWERINGS[target](node)
-    return node, spec, load_kernel(spec, source_check)
+    spec = lower(node, ctx)
+    return node, spec, load_kernel(spec, source_check, ctx)
 
 
 def as_tuple(returned) -> tuple:
@@ -127,15 +139,15 @@ def widen_int64(returned: torch.Tensor, expected: torch.Tensor | None) -> torch.
     return returned
 
 
-def run_node(gm: fx.GraphModule, args, target, source_check=None):
-    """Lower the last `target` node of `gm` and run its kernel on the graph's eager values.
+def run_node(gm: fx.GraphModule, args, target, source_check=None, ctx: LoweringContext = CTX):
+    """Lower the last `target` node of `gm` for `ctx` and run its kernel on the graph's eager values.
 
     Returns (kernel results, eager outputs of the node, kernel inputs). The eager outputs are the
     ones the op produces, in order (a multi-output op's None outputs left out); int64 results come
     back through `widen_int64`. Results beyond the node's outputs are kept, for the callers'
     count checks to see.
     """
-    node, spec, kernel = kernel_for(gm, target, source_check)
+    node, spec, kernel = kernel_for(gm, target, source_check, ctx)
     env = graph_values(gm, args)
     inputs = [env[n] for n in spec.inputs]
     returned = call_kernel(kernel, spec, inputs)
@@ -145,9 +157,9 @@ def run_node(gm: fx.GraphModule, args, target, source_check=None):
     return widened + list(returned[len(widened):]), expected, inputs
 
 
-def run_lowered(fn, args, target):
+def run_lowered(fn, args, target, ctx: LoweringContext = CTX):
     """`run_node` on fn's ATen graph."""
-    return run_node(aten_graph(fn, *args), args, target)
+    return run_node(aten_graph(fn, *args), args, target, ctx=ctx)
 
 
 # --- comparison --------------------------------------------------------------------------------
@@ -181,9 +193,9 @@ def assert_all_close(actual: list, expected: list, atol_floors=None, **tols):
         assert_close(a, e, atol_floor=2 * atol_floors[i] if atol_floors else 0.0, **tols)
 
 
-def check_node(gm: fx.GraphModule, args, target, source_check=None) -> None:
-    """Run the last `target` node's kernel and `assert_all_close` every output with eager."""
-    actual, expected, _ = run_node(gm, args, target, source_check)
+def check_node(gm: fx.GraphModule, args, target, source_check=None, ctx: LoweringContext = CTX) -> None:
+    """Run the last `target` node's kernel (for `ctx`) and `assert_all_close` every output with eager."""
+    actual, expected, _ = run_node(gm, args, target, source_check, ctx)
     assert_all_close(actual, expected)
 
 

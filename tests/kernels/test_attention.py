@@ -27,7 +27,7 @@ from neuron_inductor.decompositions import neuron_decompositions
 from neuron_inductor.lowering.ir import Unsupported
 from neuron_inductor.lowering.registry import LOWERINGS
 
-from .harness import graph_values, kernel_for
+from .harness import CTX, graph_values, kernel_for
 
 aten = torch.ops.aten
 FORWARD = aten._scaled_dot_product_flash_attention_for_cpu.default
@@ -240,8 +240,8 @@ def _forward_node(case: Case, dropout_p: float = 0.0) -> fx.Node:
 
 def test_flops_count_the_computed_scores():
     """QK^T and PV over every (query, key) pair visited; causal skips the chunks above the diagonal."""
-    full = LOWERINGS[FORWARD](_forward_node(Case(q_len=256, kv_len=256, head_dim=64)))
-    causal = LOWERINGS[FORWARD](_forward_node(Case(q_len=256, kv_len=256, head_dim=64, causal=True)))
+    full = LOWERINGS[FORWARD](CTX, _forward_node(Case(q_len=256, kv_len=256, head_dim=64)))
+    causal = LOWERINGS[FORWARD](CTX, _forward_node(Case(q_len=256, kv_len=256, head_dim=64, causal=True)))
     heads = 2
     assert full.flops == 2 * 2 * 64 * 256 * 256 * heads
     assert causal.flops == 2 * 2 * 64 * (128 * 128 + 128 * 256) * heads
@@ -273,20 +273,20 @@ def test_causal_forward_skips_masked_tiles():
 
 def test_dropout_falls_back_with_a_reason():
     with pytest.raises(Unsupported, match="dropout > 0"):
-        LOWERINGS[FORWARD](_forward_node(Case(), dropout_p=0.1))
+        LOWERINGS[FORWARD](CTX, _forward_node(Case(), dropout_p=0.1))
 
 
 def test_head_dim_above_128_falls_back():
     with pytest.raises(Unsupported, match="head dim 256"):
-        LOWERINGS[FORWARD](_forward_node(Case(head_dim=256)))
+        LOWERINGS[FORWARD](CTX, _forward_node(Case(head_dim=256)))
 
 
 def test_sequence_too_long_for_sbuf_falls_back():
     """K^T, V and Q^T of one head stay in SBUF; 32K bf16 tokens at D=128 need 192 KiB per partition."""
     with pytest.raises(Unsupported, match="sequence too long"):
-        LOWERINGS[FORWARD](_forward_node(Case(q_len=32768, kv_len=32768, head_dim=128, dtype=torch.bfloat16)))
+        LOWERINGS[FORWARD](CTX, _forward_node(Case(q_len=32768, kv_len=32768, head_dim=128, dtype=torch.bfloat16)))
 
 
 def test_default_scale_is_inverse_sqrt_head_dim():
-    spec = LOWERINGS[FORWARD](_forward_node(Case(head_dim=64)))
+    spec = LOWERINGS[FORWARD](CTX, _forward_node(Case(head_dim=64)))
     assert spec.params["scale"] == pytest.approx(1 / math.sqrt(64))

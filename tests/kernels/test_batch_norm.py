@@ -17,7 +17,7 @@ import neuron_inductor  # noqa: F401  (registers the "neuron" backend)
 from neuron_inductor.lowering.ir import Unsupported
 from neuron_inductor.lowering.registry import LOWERINGS
 
-from .harness import DTYPES, aten_graph, assert_all_close, check_node, last_node, run_node
+from .harness import CTX, DTYPES, aten_graph, assert_all_close, check_node, last_node, run_node
 
 aten = torch.ops.aten
 TRAIN = aten._native_batch_norm_legit_functional.default
@@ -109,11 +109,11 @@ def test_batch_norm_unsupported():
     # One value per channel: eager's unbiased running variance divides by zero.
     args = batch_norm_args((1, 4), torch.float32, torch.float32)
     with pytest.raises(Unsupported, match="one value per channel"):
-        LOWERINGS[TRAIN](last_node(train_graph(args), TRAIN))
+        LOWERINGS[TRAIN](CTX, last_node(train_graph(args), TRAIN))
     args = batch_norm_args((2, 4, 3), torch.float64, torch.float64)
     with pytest.raises(Unsupported, match="dtype"):
-        LOWERINGS[EVAL](last_node(eval_graph(args), EVAL))
+        LOWERINGS[EVAL](CTX, last_node(eval_graph(args), EVAL))
     # An [N, C] input walks one DMA per sample and channel tile: too many for a kernel.
     args = batch_norm_args((20000, 4), torch.float32, torch.float32)
     with pytest.raises(Unsupported, match="DMAs"):
-        LOWERINGS[EVAL](last_node(eval_graph(args), EVAL))
+        LOWERINGS[EVAL](CTX, last_node(eval_graph(args), EVAL))

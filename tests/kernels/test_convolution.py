@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from neuron_inductor.lowering.ir import Unsupported
 from neuron_inductor.lowering.registry import LOWERINGS
 
-from .harness import DTYPES, compiled_forward_backward, aten_graph, assert_close, last_node, op_graph, run_node
+from .harness import CTX, DTYPES, compiled_forward_backward, aten_graph, assert_close, last_node, op_graph, run_node
 
 aten = torch.ops.aten
 CONV = aten.convolution.default
@@ -143,13 +143,13 @@ def test_depthwise_pass_selection(name):
     spec = lower(conv(CASES[name]), x, w, b)
     assert [p["kind"] for p in spec.params["passes"]] == ["depthwise"]
     gm, _ = backward_graph(CASES[name], torch.float32, [True, True, True])
-    spec = LOWERINGS[CONV_BACKWARD](last_node(gm, CONV_BACKWARD))
+    spec = LOWERINGS[CONV_BACKWARD](CTX, last_node(gm, CONV_BACKWARD))
     assert [p["kind"] for p in spec.params["passes"]] == ["depthwise_grad_weight", "depthwise", "grad_bias"]
 
 
 def lower(fn, *args, target=CONV):
     gm = aten_graph(fn, *args)
-    return LOWERINGS[target](last_node(gm, target))
+    return LOWERINGS[target](CTX, last_node(gm, target))
 
 
 @pytest.mark.parametrize("fn, shapes", [
@@ -165,7 +165,7 @@ def test_mixed_dtypes_unsupported():
     gm, _ = op_graph(CONV, torch.randn(1, 2, 5, 5), torch.randn(3, 2, 3, 3).bfloat16(), None, [1, 1], [0, 0],
                      [1, 1], False, [0, 0], 1, meta=True)
     with pytest.raises(Unsupported):
-        LOWERINGS[CONV](last_node(gm, CONV))
+        LOWERINGS[CONV](CTX, last_node(gm, CONV))
 
 
 class CausalDepthwiseConv1d(torch.nn.Module):

@@ -14,7 +14,7 @@ import torch
 from neuron_inductor.lowering.ir import Unsupported
 from neuron_inductor.lowering.registry import LOWERINGS
 
-from .harness import aten_graph, last_node, op_graph, run_lowered, run_node
+from .harness import CTX, aten_graph, last_node, op_graph, run_lowered, run_node
 
 aten = torch.ops.aten
 F = torch.nn.functional
@@ -152,11 +152,11 @@ def test_repeat_of_a_transposed_input():
 
 def lowered(fn, *args, target):
     node = next(n for n in aten_graph(fn, *args).graph.nodes if n.target is target)
-    return LOWERINGS[target](node)
+    return LOWERINGS[target](CTX, node)
 
 
 def lowered_copy(dst: torch.Tensor, src: torch.Tensor):
-    return LOWERINGS[aten.copy.default](last_node(copy_node(dst, src)[0], aten.copy.default))
+    return LOWERINGS[aten.copy.default](CTX, last_node(copy_node(dst, src)[0], aten.copy.default))
 
 
 def test_unsupported_cases_raise():

@@ -18,7 +18,7 @@ import torch.nn as nn
 from neuron_inductor.lowering.ir import Unsupported
 from neuron_inductor.lowering.registry import LOWERINGS
 
-from .harness import DTYPES, compiled_forward_backward, aten_graph, assert_close, check_node, last_node
+from .harness import CTX, DTYPES, compiled_forward_backward, aten_graph, assert_close, check_node, last_node
 
 aten = torch.ops.aten
 GROUP_NORM = aten.native_group_norm.default
@@ -77,13 +77,13 @@ def test_group_norm_strided_input():
 def test_group_norm_unsupported():
     gm, _ = group_norm_case((2, 4, 3), 2, torch.float64)
     with pytest.raises(Unsupported, match="dtype"):
-        LOWERINGS[GROUP_NORM](last_node(gm, GROUP_NORM))
+        LOWERINGS[GROUP_NORM](CTX, last_node(gm, GROUP_NORM))
     gm, _ = group_norm_case((0, 4, 3), 2, torch.float32)
     with pytest.raises(Unsupported, match="empty"):
-        LOWERINGS[GROUP_NORM](last_node(gm, GROUP_NORM))
+        LOWERINGS[GROUP_NORM](CTX, last_node(gm, GROUP_NORM))
     gm, _ = group_norm_case((64, 4099, 10), 1, torch.float32)  # 4099 channels: no split
     with pytest.raises(Unsupported, match="affine instructions"):
-        LOWERINGS[GROUP_NORM](last_node(gm, GROUP_NORM))
+        LOWERINGS[GROUP_NORM](CTX, last_node(gm, GROUP_NORM))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

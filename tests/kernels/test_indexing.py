@@ -18,7 +18,7 @@ from neuron_inductor import config
 from neuron_inductor.lowering.ir import Unsupported
 from neuron_inductor.lowering.registry import LOWERINGS
 
-from .harness import DTYPES, aten_graph, assert_close, run_lowered
+from .harness import CTX, DTYPES, aten_graph, assert_close, run_lowered
 
 aten = torch.ops.aten
 F = torch.nn.functional
@@ -218,7 +218,7 @@ def test_unsupported_cases_raise():
     gm = aten_graph(lambda t, i: torch.gather(t, 0, i), torch.randn(4, 5), torch.zeros(2, 3, dtype=torch.long))
     node = next(n for n in gm.graph.nodes if n.target is aten.gather.default)
     with pytest.raises(Unsupported, match="other dims"):
-        LOWERINGS[node.target](node)
+        LOWERINGS[node.target](CTX, node)
 
 
 # ---- row ops on any dim of any rank: the table viewed as [outer, rows, inner] ----------------------
@@ -328,7 +328,7 @@ def test_unsupported_row_ops_raise(fn, args, match):
     row_ops = (aten.index.Tensor, aten.index_select.default, aten.index_put.default)
     node = next(n for n in gm.graph.nodes if n.target in row_ops)
     with pytest.raises(Unsupported, match=match):
-        LOWERINGS[node.target](node)
+        LOWERINGS[node.target](CTX, node)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -9,20 +9,25 @@ fp32-accumulated result is 2^-9 relative; atol 2e-3 x max|ref| for cancellation)
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 import torch.fx as fx
 
 from neuron_inductor.lowering import matmul, pointwise
+from neuron_inductor.lowering.context import KIB
 from neuron_inductor.lowering.ir import Unsupported
 from neuron_inductor.lowering.registry import LOWERINGS
 
-from .harness import DTYPES, aten_graph, as_tuple, graph_values, load_kernel
+from .harness import CTX, DTYPES, aten_graph, as_tuple, graph_values, load_kernel
 
 aten = torch.ops.aten
 MATMUL_OPS = (aten.mm.default, aten.bmm.default, aten.addmm.default)
 TOLERANCES = {torch.float32: (1e-4, 1e-5), torch.bfloat16: (8e-3, 2e-3)}
 SHAPES = [(1, 1, 1), (7, 13, 5), (128, 128, 128), (130, 257, 515), (256, 384, 640)]  # (M, K, N)
+# A target whose SBUF leaves the operand panels 8 KiB: K is too long for a resident panel.
+SMALL_SBUF = dataclasses.replace(CTX, tile=dataclasses.replace(CTX.tile, sbuf_bytes=matmul.SBUF_RESERVE + 8 * KIB))
 
 
 def trace(fn, *args) -> tuple[fx.GraphModule, fx.Node]:
@@ -44,10 +49,10 @@ def assert_matches(out: torch.Tensor, reference: torch.Tensor) -> None:
     torch.testing.assert_close(out.double(), reference.double(), rtol=rtol, atol=atol * scale)
 
 
-def run_case(fn, *args):
-    """(kernel output, float64 reference, spec) for the single matmul of fn(*args)."""
+def run_case(fn, *args, ctx=CTX):
+    """(kernel output, float64 reference, spec) for the single matmul of fn(*args), lowered for `ctx`."""
     gm, node = trace(fn, *args)
-    spec = LOWERINGS[node.target](node)
+    spec = LOWERINGS[node.target](ctx, node)
     kernel = load_kernel(spec)
     values = graph_values(gm, args)
     reference = float64_values(gm, args)[node]
@@ -55,8 +60,8 @@ def run_case(fn, *args):
     return out, reference, spec
 
 
-def check(fn, *args):
-    out, reference, spec = run_case(fn, *args)
+def check(fn, *args, ctx=CTX):
+    out, reference, spec = run_case(fn, *args, ctx=ctx)
     assert out.dtype == args[0].dtype and out.shape == reference.shape
     assert_matches(out, reference)
     return spec
@@ -94,7 +99,7 @@ def test_mm_layouts(layout, shape, dtype):
 def test_linear_weight_is_read_in_place():
     """linear's permute(W) is looked through: the kernel reads W itself as an "nk" operand."""
     gm, node = trace(lambda x, w: torch.nn.functional.linear(x, w), randn(4, 8), randn(6, 8))
-    spec = LOWERINGS[node.target](node)
+    spec = LOWERINGS[node.target](CTX, node)
     assert [n.op for n in spec.inputs] == ["placeholder", "placeholder"]
     assert spec.params["b"]["layout"] == "nk"
 
@@ -161,19 +166,17 @@ def test_bmm_broadcast_inner_batch():
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("layout", ["mk,kn", "km,nk"])
-def test_stream_mode(monkeypatch, layout, dtype):
+def test_stream_mode(layout, dtype):
     """K too long for a resident panel: K walked in chunks accumulating in PSUM."""
-    monkeypatch.setattr(matmul, "SBUF_BUDGET", 8 * 1024)
     fn, a_shape, b_shape = _layouts(200, 700, 600)[layout]
-    spec = check(fn, randn(*a_shape, dtype=dtype), randn(*b_shape, dtype=dtype, seed=1))
+    spec = check(fn, randn(*a_shape, dtype=dtype), randn(*b_shape, dtype=dtype, seed=1), ctx=SMALL_SBUF)
     blocking = spec.params["blocking"]
     assert blocking["mode"] == "stream" and blocking["k_chunk"] < 6
 
 
-def test_stream_mode_with_bias(monkeypatch):
-    monkeypatch.setattr(matmul, "SBUF_BUDGET", 8 * 1024)
+def test_stream_mode_with_bias():
     a, b, bias = randn(200, 700), randn(700, 600, seed=1), randn(600, seed=2)
-    spec = check(lambda bias, a, b: torch.addmm(bias, a, b, alpha=0.5), bias, a, b)
+    spec = check(lambda bias, a, b: torch.addmm(bias, a, b, alpha=0.5), bias, a, b, ctx=SMALL_SBUF)
     assert spec.params["blocking"]["mode"] == "stream"
 
 
@@ -188,21 +191,21 @@ def test_multiple_m_blocks(monkeypatch):
 def test_unsupported_dtypes(dtype):
     gm, node = trace(lambda a, b: a @ b, torch.ones(4, 4, dtype=dtype), torch.ones(4, 4, dtype=dtype))
     with pytest.raises(Unsupported, match="TensorE"):
-        LOWERINGS[node.target](node)
+        LOWERINGS[node.target](CTX, node)
 
 
 # --- Fused epilogues -----------------------------------------------------------------------------
 
 
-def run_epilogue_case(fn, *args):
-    """Lower fn's matmul with every pointwise node after it as the epilogue; check each output."""
+def run_epilogue_case(fn, *args, ctx=CTX):
+    """Lower fn's matmul (for `ctx`) with every pointwise node after it as the epilogue; check each output."""
     gm = aten_graph(fn, *args)
     node = next(n for n in gm.graph.nodes if n.target in MATMUL_OPS)
     nodes = [n for n in gm.graph.nodes if n.op == "call_function" and n.target not in MATMUL_OPS
              and n.meta["val"].shape == node.meta["val"].shape and pointwise.is_pointwise(n)]
     returned = set(next(n for n in gm.graph.nodes if n.op == "output").all_input_nodes)
     outputs = [n for n in [node, *nodes] if n in returned]
-    spec = matmul.lower_matmul_with_epilogue(node, nodes, outputs)
+    spec = matmul.lower_matmul_with_epilogue(ctx, node, nodes, outputs)
     kernel = load_kernel(spec)
     values = graph_values(gm, args)
     references = float64_values(gm, args)
@@ -250,10 +253,9 @@ def test_epilogue_baddbmm(dtype):
     run_epilogue_case(lambda c, a, b: torch.baddbmm(c, a, b, beta=0.5, alpha=2.0), c, a, b)
 
 
-def test_epilogue_stream_mode(monkeypatch):
-    monkeypatch.setattr(matmul, "SBUF_BUDGET", 8 * 1024)
+def test_epilogue_stream_mode():
     spec = run_epilogue_case(lambda a, b, r: torch.sigmoid(a @ b) + r, randn(200, 700), randn(700, 600, seed=1),
-                             randn(200, 600, seed=2))
+                             randn(200, 600, seed=2), ctx=SMALL_SBUF)
     assert spec.params["blocking"]["mode"] == "stream"
 
 
@@ -262,4 +264,4 @@ def test_epilogue_rejects_row_broadcast_inputs():
     node = next(n for n in gm.graph.nodes if n.target in MATMUL_OPS)
     add = next(iter(node.users))
     with pytest.raises(Unsupported, match="does not tile"):
-        matmul.lower_matmul_with_epilogue(node, [add], [add])
+        matmul.lower_matmul_with_epilogue(CTX, node, [add], [add])

@@ -22,7 +22,7 @@ import neuron_inductor.sim as sim
 from neuron_inductor.lowering import pointwise
 from neuron_inductor.sim import rules
 
-from .harness import aten_graph, as_tuple, call_kernel, load_kernel, widen_int64
+from .harness import CTX, aten_graph, as_tuple, call_kernel, load_kernel, widen_int64
 
 FP32 = dict(rtol=1e-5, atol=1e-6)
 FP32_COMPOSED = dict(rtol=1e-4, atol=1e-5)
@@ -36,7 +36,7 @@ def lower(fn, *args):
     assert nodes and all(pointwise.is_pointwise(n) for n in nodes), [str(n.target) for n in nodes]
     result = next(n for n in graph.graph.nodes if n.op == "output").args[0]
     outputs = list(result) if isinstance(result, (list, tuple)) else [result]
-    return pointwise.lower_pointwise_group(nodes, outputs), graph
+    return pointwise.lower_pointwise_group(CTX, nodes, outputs), graph
 
 
 def run_kernel(fn, *args):

@@ -19,7 +19,8 @@ import torch.nn as nn
 from neuron_inductor.lowering.ir import Unsupported
 from neuron_inductor.lowering.registry import LOWERINGS
 
-from .harness import DTYPES, compiled_forward_backward, assert_close, aten_graph, assert_all_close, last_node, run_node
+from .harness import (CTX, DTYPES, compiled_forward_backward, assert_close, aten_graph, assert_all_close, last_node,
+                      run_node)
 
 aten = torch.ops.aten
 MAX = aten.max_pool2d_with_indices.default
@@ -187,15 +188,15 @@ def test_pool_unsupported():
     ]
     for fn, target, reason in cases:
         with pytest.raises(Unsupported, match=reason):
-            LOWERINGS[target](last_node(aten_graph(fn, x), target))
+            LOWERINGS[target](CTX, last_node(aten_graph(fn, x), target))
     with pytest.raises(Unsupported, match="reduce steps"):
-        LOWERINGS[ADAPTIVE](last_node(aten_graph(lambda x: aten._adaptive_avg_pool2d(x, [1, 1050]),
+        LOWERINGS[ADAPTIVE](CTX, last_node(aten_graph(lambda x: aten._adaptive_avg_pool2d(x, [1, 1050]),
                                                  torch.randn(1, 1, 2, 1100)), ADAPTIVE))
     big = torch.randn(1, 1, 200, 200)
     with pytest.raises(Unsupported, match="SBUF"):
-        LOWERINGS[AVG](last_node(aten_graph(lambda x: aten.avg_pool2d(x, [2, 2]), big), AVG))
+        LOWERINGS[AVG](CTX, last_node(aten_graph(lambda x: aten.avg_pool2d(x, [2, 2]), big), AVG))
     with pytest.raises(Unsupported, match="dtype"):
-        LOWERINGS[MAX](last_node(aten_graph(lambda x: aten.max_pool2d_with_indices(x, [2, 2]), x.double()), MAX))
+        LOWERINGS[MAX](CTX, last_node(aten_graph(lambda x: aten.max_pool2d_with_indices(x, [2, 2]), x.double()), MAX))
 
 
 @pytest.mark.parametrize("train", [True, False])

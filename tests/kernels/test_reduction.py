@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from neuron_inductor.lowering.ir import Unsupported
 from neuron_inductor.lowering.registry import LOWERINGS
 
-from .harness import aten_graph, assert_close, run_lowered
+from .harness import CTX, aten_graph, assert_close, run_lowered
 
 aten = torch.ops.aten
 
@@ -152,11 +152,11 @@ def test_unsupported_cases_raise():
     gm = aten_graph(lambda t: t.var(0), torch.randn(300, 4))
     node = next(n for n in gm.graph.nodes if n.target is aten.var.correction)
     with pytest.raises(Unsupported, match="trailing"):
-        LOWERINGS[node.target](node)
+        LOWERINGS[node.target](CTX, node)
     gm = aten_graph(lambda t: t.argmax(), torch.randn(3, 4))
     node = next(n for n in gm.graph.nodes if n.target is aten.argmax.default)
     with pytest.raises(Unsupported, match="flattened"):
-        LOWERINGS[node.target](node)
+        LOWERINGS[node.target](CTX, node)
 
 
 # Along the last non-unit dim (free-axis scan) and along earlier dims (partition scan on TensorE):
@@ -212,7 +212,7 @@ def test_cumsum_unsupported_cases_raise(shape, dim, reason):
     gm = aten_graph(lambda t: t.cumsum(dim), torch.randn(shape, dtype=dtype))
     node = next(n for n in gm.graph.nodes if n.target is aten.cumsum.default)
     with pytest.raises(Unsupported, match=reason):
-        LOWERINGS[node.target](node)
+        LOWERINGS[node.target](CTX, node)
 
 
 def lines_with_nans(count: int, length: int) -> torch.Tensor:

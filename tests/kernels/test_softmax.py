@@ -13,7 +13,7 @@ import torch
 from neuron_inductor.lowering.ir import Unsupported
 from neuron_inductor.lowering.registry import LOWERINGS
 
-from .harness import DTYPES, ROW_SHAPES, aten_graph, assert_all_close, check_node, kernel_for, op_graph
+from .harness import CTX, DTYPES, ROW_SHAPES, aten_graph, assert_all_close, check_node, kernel_for, op_graph
 
 aten = torch.ops.aten
 
@@ -101,4 +101,4 @@ def test_non_innermost_dim_is_unsupported():
     gm = aten_graph(lambda x: torch.softmax(x, 0), torch.randn(4, 5))
     node = next(n for n in gm.graph.nodes if n.target is aten._softmax.default)
     with pytest.raises(Unsupported, match="not innermost"):
-        LOWERINGS[aten._softmax.default](node)
+        LOWERINGS[aten._softmax.default](CTX, node)

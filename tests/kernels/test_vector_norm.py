@@ -17,7 +17,7 @@ from neuron_inductor import config
 from neuron_inductor.lowering.ir import Unsupported
 from neuron_inductor.lowering.registry import LOWERINGS
 
-from .harness import DTYPES, aten_graph, assert_close, run_lowered
+from .harness import CTX, DTYPES, aten_graph, assert_close, run_lowered
 
 aten = torch.ops.aten
 INF = math.inf
@@ -84,7 +84,7 @@ def test_vector_norm_unsupported_cases_raise(fn, x, reason):
     gm = aten_graph(fn, x)
     node = next(n for n in gm.graph.nodes if n.target is aten.linalg_vector_norm.default)
     with pytest.raises(Unsupported, match=reason):
-        LOWERINGS[node.target](node)
+        LOWERINGS[node.target](CTX, node)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
