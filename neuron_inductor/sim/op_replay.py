@@ -31,7 +31,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from . import tracing
 
-MAX_OPS = 200_000  # past this a kernel's generated function costs more to compile than it saves
+MAX_OPS = 200_000  # recorded operations per kernel: bounds the generated function's size (larger: slow path)
 
 
 class Unsupported(Exception):
@@ -247,7 +247,7 @@ def plan_for(recorder: Recorder, result, instructions: list) -> Plan | None:
     except Unsupported:
         return None
     result_names, result_keys = set(), {_key(t) for t in _tensors(result)}
-    _collect(result_template, result_names)
+    _collect_names(result_template, result_names)
     ops = recorder.ops
     persistent = _persistent(recorder, ops, result_keys)
     _mark_guards(ops, recorder.arg_keys)
@@ -285,14 +285,6 @@ def _result_template(recorder: Recorder, value):
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
     raise Unsupported(f"the kernel returns {type(value).__name__}")
-
-
-def _collect(template, names: set) -> None:
-    if isinstance(template, _Ref):
-        names.add(template.name)
-    elif isinstance(template, (tuple, list)):
-        for t in template:
-            _collect(t, names)
 
 
 def _persistent(recorder: Recorder, ops: list, result_keys: set) -> dict:
