@@ -101,6 +101,8 @@ class Recorder(TorchDispatchMode):
         self.constants: list = []
         self.ops: list[_Op] = []
         self.denied: str | None = None
+        if torch.is_inference_mode_enabled():  # composite ops (reshape) then reach ATen aliasing, not as views
+            self.denied = "recorded under inference mode"
 
     # -- naming
     def ref(self, t: torch.Tensor, func=None, position=None) -> str:
