@@ -262,6 +262,12 @@ def _lane_spec(ctx: LoweringContext, node: fx.Node, mode: str, x: fx.Node, dim, 
     if xv.numel() == 0 or iv.numel() == 0:
         raise Unsupported(f"{mode} of an empty tensor")
     width = index_shape[dim]
+    if rank == 1 and value is None:
+        # A 1-D gather / scatter is a row op over the elements (index_select / index_put), so ids sit on
+        # partitions, 128 per DMA; the lane and column forms below would walk one element per instruction.
+        if mode == "lane_gather":
+            return _row_gather(ctx, node, x, 0, [index])
+        return _row_scatter(ctx, node, x, 0, [index], src, reduce == "add", -1)
     inputs = [x, index] + ([src] if isinstance(src, fx.Node) else [])
     if rank >= 2 and dim == rank - 1:
         rows = math.prod(shape[:-1])

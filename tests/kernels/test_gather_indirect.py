@@ -16,7 +16,8 @@ import logging
 import pytest
 import torch
 
-from neuron_inductor import config, runtime, sim
+from neuron_inductor import config, sim
+from neuron_inductor.observe import session
 from neuron_inductor.lowering import row_path
 
 from .harness import CTX, DTYPES, aten_graph, assert_close, call_kernel, kernel_for, lower, run_lowered
@@ -137,6 +138,30 @@ def test_gather_along_the_vocabulary(vocab, rows, k, dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("size", [130, 8000])
+def test_one_dimensional_gather_and_scatters_are_row_ops(size, dtype):
+    """gather / scatter.src / scatter_add of a 1-D tensor (sort's backward is `zeros.scatter(0, perm, grad)`
+    over 8000 elements: one element per instruction timed out) take the row-op kernels; duplicates in the
+    index: scatter.src keeps the last, as eager on the CPU, and scatter_add adds them all."""
+    generator = torch.Generator().manual_seed(size)
+    x = torch.randn(size, generator=generator).to(dtype)
+    index = torch.randint(0, size, (size,), generator=generator)
+    index[:4] = 3
+    src = torch.randn(size, generator=generator).to(dtype)
+    for path in row_path.PATHS if size < 1000 else ("indirect",):
+        with row_path.forced(path):
+            (out,), (ref,), _ = run_lowered(lambda t, i: torch.gather(t, 0, i), [x, index], aten.gather.default)
+            assert torch.equal(out, ref), path
+            (out,), (ref,), _ = run_lowered(lambda t, i, v: t.scatter(0, i, v), [x, index, src], aten.scatter.src)
+            assert torch.equal(out, ref), path
+            (out,), _, _ = run_lowered(lambda t, i, v: t.scatter_add(0, i, v), [x, index, src],
+                                       aten.scatter_add.default)
+        assert_close(out, x.float().scatter_add(0, index, src.float()).to(dtype))
+    _, spec, _ = kernel_for(aten_graph(lambda t, i: torch.gather(t, 0, i), x, index), aten.gather.default)
+    assert spec.family in ("gather_rows", "gather_indirect")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("vocab", VOCABS)
 def test_scatter_along_the_vocabulary(vocab, dtype):
     """Cross-entropy's backward `zeros.scatter(1, target, -1)`, scatter.src and scatter_add (a
@@ -228,7 +253,7 @@ def test_tiny_llama_step_takes_the_indirect_path_and_matches_eager(tmp_path):
     model = copy.deepcopy(eager)
     ids = torch.randint(0, llama.vocab_size, (2, 48), generator=torch.Generator().manual_seed(1))
     ids[0, :4] = 17  # repeated tokens accumulate in the embedding's gradient
-    first = len(runtime.COMPILED_PROGRAMS)
+    first = len(session.BUCKETS)
     torch._dynamo.reset()
     try:
         with config.patch(fallback="error", cache_dir=str(tmp_path)):
@@ -242,7 +267,7 @@ def test_tiny_llama_step_takes_the_indirect_path_and_matches_eager(tmp_path):
     for (name, p), (_, q) in zip(model.named_parameters(), eager.named_parameters()):
         scale = q.grad.abs().max().clamp_min(1e-6)
         torch.testing.assert_close(p.grad / scale, q.grad / scale, rtol=1e-4, atol=1e-5, msg=name)
-    kernels = [k for p in runtime.COMPILED_PROGRAMS[first:] for k in p["artifact"].meta["kernels"]]
+    kernels = [k for p in session.BUCKETS[first:] for k in p.artifact.meta["kernels"]]
     families = {op: k["name"].split("_", 1)[1] for k in kernels for op in k["ops"]}
     assert families["aten.embedding.default"] == "gather_indirect"
     assert families["aten.embedding_dense_backward.default"] == "gather_indirect"
