@@ -26,7 +26,7 @@ from __future__ import annotations
 import math
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode_stack
 from torch.utils.weak import WeakIdKeyDictionary
 
 from . import tracing
@@ -211,6 +211,14 @@ class Recorder(TorchDispatchMode):
             name = self._new(out)
             new_slots.append(name)
         return _Ref(name)
+
+
+def deny(reason: str) -> None:
+    """Keep the kernel being recorded (if any) on the slow path: for instructions whose Python reads
+    values the recorder does not see as guards (indirect DMA addresses)."""
+    for mode in _get_current_dispatch_mode_stack():
+        if isinstance(mode, Recorder) and mode.denied is None:
+            mode.denied = reason
 
 
 class Plan:
