@@ -1,7 +1,8 @@
 """The Dynamo entry point: `torch.compile(model, backend="neuron")`.
 
 `neuron_backend` is a module-level singleton (Dynamo guards on backend identity, so a fresh
-object per call would recompile every frame). It validates `options=`, then hands the graph to
+object per call would recompile every frame). It validates `options=`, fuses LM heads with their
+cross-entropy (passes/lm_head_loss.py, unless `fuse_lm_head_loss` is off), then hands the graph to
 AOTAutograd with the Neuron decomposition table, the min-cut partitioner and one `GraphRunner`
 per forward / backward / inference graph.
 """
@@ -20,6 +21,7 @@ from . import config as config_module
 from . import observe
 from .bucketing import pin_generator_states
 from .decompositions import neuron_decompositions
+from .passes.lm_head_loss import fuse_lm_head_loss
 from .runtime import GraphRunner
 
 log = logging.getLogger("neuron_inductor")
@@ -51,6 +53,8 @@ class NeuronBackend:
             raise config_module.ConfigError(f"mode={mode!r} is not valid; accepted values: {', '.join(MODES)}")
         cfg = config_module.resolve(options)
         observe.on_dynamo_graph(gm, example_inputs, cfg)
+        if cfg.fuse_lm_head_loss:
+            fuse_lm_head_loss(gm)
         return aot_autograd(
             fw_compiler=_make_compiler(cfg, "forward"),
             bw_compiler=_make_compiler(cfg, "backward"),

@@ -58,6 +58,7 @@ def _describe_kernel(spec: KernelSpec) -> dict[str, Any]:
         "flops": int(spec.flops),
         "inputs": [shape(n) for n in spec.inputs],
         "outputs": [shape(o) for o in spec.outputs],
+        "output_dtypes": [str((o.meta["val"] if isinstance(o, fx.Node) else o).dtype) for o in spec.outputs],
         "ops": sorted({op_name(o) for o in spec.outputs if isinstance(o, fx.Node)}),
         "written_arguments": spec.written_arguments,
     }

@@ -117,6 +117,11 @@ class NeuronConfig:
         "off", "NEURON_INDUCTOR_VERIFY", _verify_mode,
         "On the first run of each bucket compare with eager on the unpadded inputs: 'off', 'warn' (or 1), 'raise'.",
         codegen=False)
+    fuse_lm_head_loss: bool = _option(
+        True, "NEURON_INDUCTOR_FUSE_LM_HEAD_LOSS", _flag,
+        "Fuse the LM head matmul with its cross-entropy (passes/lm_head_loss.py): the [N, V] logits are made "
+        "one on-chip tile at a time and never stored whole (0 keeps the unfused matmul + loss kernels).",
+        codegen=True)
     raise_recompile_limit: bool = _option(
         True, "NEURON_INDUCTOR_RAISE_RECOMPILE_LIMIT", _flag,
         "Raise Dynamo's recompile limit so that every configured bucket fits (0 keeps Dynamo's limit).",

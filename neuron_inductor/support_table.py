@@ -15,6 +15,7 @@ import torch
 
 from .lowering import registry
 from .lowering.pointwise import PointwiseLowering
+from .passes import lm_head_loss as _lm_head_loss  # noqa: F401 (registers the fused loss's pad rule)
 from .passes import pad_safety
 
 DOC_PATH = Path(__file__).resolve().parents[1] / "docs" / "supported_ops.md"

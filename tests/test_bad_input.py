@@ -48,6 +48,7 @@ BAD_VALUES = {
     "buckets": ("128,64", "accepted: 'N' (next multiple of N"),
     "verify": ("loud", "accepted values: off, warn, raise"),
     "raise_recompile_limit": ("maybe", "accepted values: 1/0, true/false, yes/no, on/off"),
+    "fuse_lm_head_loss": ("maybe", "accepted values: 1/0, true/false, yes/no, on/off"),
 }
 FREE_TEXT_OPTIONS = {"cache_dir", "dump_dir", "cache_secret"}  # any string is a path / a secret
 

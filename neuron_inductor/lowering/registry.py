@@ -43,6 +43,7 @@ LOWERING_MODULES = [
     "neuron_inductor.lowering.copy",
     "neuron_inductor.lowering.convolution",
     "neuron_inductor.lowering.pooling",
+    "neuron_inductor.lowering.lm_head_loss",
     "neuron_inductor.nki_ops.lowering",  # users' nki_op custom ops (each op adds its own entry when defined)
 ]
 
