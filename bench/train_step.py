@@ -1,7 +1,8 @@
-"""One training step of a 2-layer Llama-style model through the backend: where the FLOPs ran and
-what the interpreter costs in CPU time.
+"""One training step of a Llama-style model through the backend: where the FLOPs ran, what the
+interpreter costs in CPU time, and how long the first step takes against Inductor's.
 
-For fp32 and bf16 it reports:
+For the tiny config (2 layers, dim 64) in fp32 and bf16, and for dim 1024 x seq 1024 in bf16
+(1 layer, batch 1), it reports:
 - host fallbacks in the compiled forward and backward graphs (the hot path should have none);
 - TensorE FLOPs executed by the generated kernels (`nc_matmul` instructions in the trace) against
   what `FlopCounterMode` counts for the same eager step, less the causal-masked half of attention
@@ -10,14 +11,24 @@ For fp32 and bf16 it reports:
   same CPU (goal <= 3x), best of --repeats with the two taking turns, in wall-clock and in CPU
   (process) time: on a loaded machine eager's thread pool waits on descheduled threads, which
   inflates its wall time, so the CPU-time ratio is the steadier one.
+Then the first step (trace + compile + run) of the dim-1024 model, neuron and inductor side by side,
+each in a fresh subprocess with empty caches (goal: neuron no slower). Every number is a ratio
+taken within one run: the machine may be shared, and absolute times move with its load.
 
-    python bench/train_step.py [--seq 256] [--batch 4] [--repeats 3] [--threads 1]
+    python bench/train_step.py [--seq 256] [--batch 4] [--repeats 3] [--threads 1] [--no-large] [--no-first-step]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import textwrap
 import time
+from pathlib import Path
 
 import torch
 from torch.utils.flop_counter import FlopCounterMode
@@ -26,6 +37,7 @@ from neuron_inductor import sim
 from neuron_inductor.observe import session
 from neuron_inductor.testing import TinyLlama, TinyLlamaConfig
 
+REPO = Path(__file__).resolve().parents[1]
 aten = torch.ops.aten
 SDPA_OPS = {aten._scaled_dot_product_flash_attention_for_cpu.default,
             aten._scaled_dot_product_flash_attention_for_cpu_backward.default}
@@ -44,9 +56,14 @@ def best_times(steps: dict, repeats: int) -> dict:
     return best
 
 
-def measure(dtype: torch.dtype, batch: int, seq: int, repeats: int) -> dict:
+TINY = dict(vocab_size=256, dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=176)
+LARGE = dict(vocab_size=512, dim=1024, n_layers=1, n_heads=8, n_kv_heads=4, ffn_dim=2816)
+LARGE_SHAPE = (1, 1024)  # batch, seq
+
+
+def measure(config: dict, dtype: torch.dtype, batch: int, seq: int, repeats: int) -> dict:
     torch._dynamo.reset()
-    config = TinyLlamaConfig(vocab_size=256, dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=176)
+    config = TinyLlamaConfig(**config)
     eager, model = TinyLlama(config).to(dtype), TinyLlama(config).to(dtype)
     compiled = torch.compile(model, backend="neuron")
     ids = torch.randint(0, config.vocab_size, (batch, seq), generator=torch.Generator().manual_seed(0))
@@ -71,6 +88,37 @@ def measure(dtype: torch.dtype, batch: int, seq: int, repeats: int) -> dict:
             "trn2_seconds": recorded.estimate(target="trn2").total_seconds}
 
 
+FIRST_STEP = textwrap.dedent("""
+    import json, sys, time, torch
+    import torch._inductor.config as inductor_config
+    from neuron_inductor.testing import TinyLlama, TinyLlamaConfig
+    backend, config, (batch, seq), threads = sys.argv[1], json.loads(sys.argv[2]), json.loads(sys.argv[3]), int(sys.argv[4])
+    if threads:
+        torch.set_num_threads(threads)
+    inductor_config.fx_graph_cache = False
+    inductor_config.autotune_local_cache = False
+    torch._functorch.config.enable_autograd_cache = False
+    model = TinyLlama(TinyLlamaConfig(**config)).to(torch.bfloat16)
+    compiled = torch.compile(model, backend=backend)
+    ids = torch.randint(0, config["vocab_size"], (batch, seq), generator=torch.Generator().manual_seed(0))
+    wall, cpu = time.perf_counter(), time.process_time()
+    compiled(ids, ids).backward()
+    print(json.dumps({"wall": time.perf_counter() - wall, "cpu": time.process_time() - cpu}))
+""")
+
+
+def first_step(backend: str, config: dict, shape: tuple, threads: int) -> dict:
+    """The first bf16 training step (trace + compile + run) in a fresh process with empty caches;
+    Inductor compiles in that process (TORCHINDUCTOR_COMPILE_THREADS=1), so its CPU time is all there."""
+    with tempfile.TemporaryDirectory() as cache:
+        env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": os.path.join(cache, "inductor"),
+               "NEURON_INDUCTOR_CACHE_DIR": os.path.join(cache, "neuron"), "TORCHINDUCTOR_COMPILE_THREADS": "1",
+               "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+        result = subprocess.run([sys.executable, "-c", FIRST_STEP, backend, json.dumps(config), json.dumps(shape),
+                                 str(threads)], env=env, capture_output=True, text=True, check=True)
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch", type=int, default=4)
@@ -79,21 +127,36 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=0,
                         help="torch intra-op threads for eager and host ops (0: torch's default); 1 compares "
                              "like with like, the interpreter's kernels run on one thread")
+    parser.add_argument("--no-large", action="store_true", help="skip the dim-1024 x seq-1024 bf16 steady step")
+    parser.add_argument("--no-first-step", action="store_true", help="skip the first-step comparison with inductor")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    print(f"2-layer tiny Llama (dim 64, vocab 256), batch {args.batch} x seq {args.seq}, one training step")
     print("steady step, best of --repeats, compiled and eager taking turns; wall and CPU (process) time")
-    print(f"{'dtype':<9} {'fallbacks':<12} {'TensorE/eager FLOPs':>20} {'NKI instr':>10} {'Trn2 est us':>12} "
-          f"{'interp s':>9} {'eager s':>8} {'wall ratio':>11} {'interp cpu':>11} {'eager cpu':>10} {'CPU ratio':>10}")
-    for dtype in (torch.float32, torch.bfloat16):
-        r = measure(dtype, args.batch, args.seq, args.repeats)
+    print(f"{'model':<28} {'dtype':<9} {'fallbacks':<12} {'TensorE/eager FLOPs':>20} {'NKI instr':>10} "
+          f"{'Trn2 est us':>12} {'interp s':>9} {'eager s':>8} {'wall ratio':>11} {'interp cpu':>11} {'eager cpu':>10} "
+          f"{'CPU ratio':>10}")
+    runs = [("tiny 2x64", TINY, torch.float32, (args.batch, args.seq)),
+            ("tiny 2x64", TINY, torch.bfloat16, (args.batch, args.seq))]
+    if not args.no_large:
+        runs.append(("1 layer x 1024", LARGE, torch.bfloat16, LARGE_SHAPE))
+    for name, config, dtype, (batch, seq) in runs:
+        r = measure(config, dtype, batch, seq, args.repeats if config is TINY else min(args.repeats, 2))
         compiled, eager = r["best"]["compiled"], r["best"]["eager"]
-        print(f"{str(dtype).removeprefix('torch.'):<9} {', '.join(r['fallbacks']) or 'none':<12} "
+        print(f"{f'{name}, {batch} x {seq}':<28} {str(dtype).removeprefix('torch.'):<9} "
+              f"{', '.join(r['fallbacks']) or 'none':<12} "
               f"{100 * r['tensor_flops'] / r['useful_flops']:>19.1f}% {r['instructions']:>10} "
               f"{r['trn2_seconds'] * 1e6:>12.0f} {compiled['wall']:>9.3f} {eager['wall']:>8.3f} "
               f"{compiled['wall'] / eager['wall']:>10.2f}x {compiled['cpu']:>11.3f} {eager['cpu']:>10.3f} "
-              f"{compiled['cpu'] / eager['cpu']:>9.2f}x")
+              f"{compiled['cpu'] / eager['cpu']:>9.2f}x", flush=True)
+    if not args.no_first_step:
+        print(f"first bf16 step (trace + compile + run, empty caches), 1 layer x 1024, "
+              f"{LARGE_SHAPE[0]} x {LARGE_SHAPE[1]}, fresh process each")
+        results = {backend: first_step(backend, LARGE, LARGE_SHAPE, args.threads) for backend in ("neuron", "inductor")}
+        for backend, r in results.items():
+            print(f"{backend:<10} wall {r['wall']:>8.1f} s   cpu {r['cpu']:>8.1f} s")
+        print(f"neuron / inductor first step: wall {results['neuron']['wall'] / results['inductor']['wall']:.2f}, "
+              f"cpu {results['neuron']['cpu'] / results['inductor']['cpu']:.2f} (goal <= 1)")
 
 
 if __name__ == "__main__":

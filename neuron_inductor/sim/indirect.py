@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import torch
 
+from . import op_replay
 from . import tensor as tensors
 from .errors import NkiError, NkiIndexError
 from .registers import VirtualRegister
@@ -73,6 +74,7 @@ class IndirectView(tensors.NkiTensor):
 
     def resolve(self, api):
         """(addresses [sizes] int64 into flat, rows valid [sizes[0]] bool or None if all valid)."""
+        op_replay.deny("indirect DMA")  # its addresses come from the data: not replayed
         sizes, strides = self.sizes, self.strides
         addr = torch.full((), self.base, dtype=torch.int64)
         for dim, (size, stride) in enumerate(zip(sizes, strides)):

@@ -20,7 +20,7 @@ import weakref
 
 import torch
 
-from . import dtypes, tracing
+from . import dtypes, op_replay, rules, tracing
 from .targets import get_target
 from .tensor import NkiTensor
 
@@ -89,15 +89,20 @@ def signature(args: tuple, kwargs: dict, grid, platform_target) -> tuple | None:
     if kwargs or grid != (1,):
         return None
     parts, storages = [], set()
+    grad = torch.is_grad_enabled()
     for a in args:
-        if type(a) is not torch.Tensor or a.requires_grad or a.is_meta:
+        if type(a) not in _TENSOR_TYPES or (a.requires_grad and grad) or a.is_meta:
             return None
         ptr = a.untyped_storage().data_ptr()
         if ptr in storages:
             return None
         storages.add(ptr)
         parts.append((tuple(a.shape), a.stride(), a.storage_offset(), a.dtype))
-    return tuple(parts), get_target(platform_target).name, os.environ.get(dtypes.FP32_STORAGE_ENV, "")
+    return (tuple(parts), get_target(platform_target).name, os.environ.get(dtypes.FP32_STORAGE_ENV, ""),
+            os.environ.get(rules.STRICT_ENV, ""))
+
+
+_TENSOR_TYPES = (torch.Tensor, torch.nn.Parameter)  # (a parameter is a plain tensor to the kernel)
 
 
 class _Leaf:
@@ -203,13 +208,20 @@ def run(func, args: tuple, kwargs: dict, grid, platform_target, launch, unwrap):
     key = (func, key)
     if key in _PLANS:
         plan = _PLANS[key]
-        return plan.run(args) if plan is not None else unwrap(launch())
+        if plan is not None:
+            try:
+                return plan.run(args)
+            except op_replay.Mismatch:
+                pass  # a value-dependent read differed: this call runs normally  # a value-dependent read differed: this call runs normally
+        return unwrap(launch())
     _RECORDER = recording = Recording(args)
     try:
-        with tracing.Trace() as recorded:
+        with tracing.Trace() as recorded, op_replay.Recorder(args) as operations:
             result = launch()
+            out = unwrap(result)
     finally:
         _RECORDER = None
     if len(_PLANS) < _MAX_PLANS:
-        _PLANS[key] = plan_for(recording, result, recorded.instructions)
-    return unwrap(result)
+        plan = plan_for(recording, result, recorded.instructions)
+        _PLANS[key] = plan if plan is not None else op_replay.plan_for(operations, out, recorded.instructions)
+    return out

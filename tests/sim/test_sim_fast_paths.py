@@ -15,6 +15,7 @@ import torch
 from neuron_inductor import sim
 from neuron_inductor.sim import isa as nisa
 from neuron_inductor.sim import language as nl
+from neuron_inductor.sim import op_replay
 from neuron_inductor.sim import replay as sim_replay
 from neuron_inductor.sim import tensor as sim_tensor
 from neuron_inductor.sim.errors import NkiIndexError
@@ -184,12 +185,85 @@ def test_a_replayed_kernel_returns_its_argument_itself():
         assert kernel(x) is x
 
 
-def test_only_copy_kernels_with_whole_tiles_are_replayed():
+def test_copy_kernels_with_whole_tiles_replay_copies_and_others_operations():
     replayed = {}
     for func, x in [(_tiled_copy, torch.randn(10, 24)), (_half_tile, torch.randn(3, 8)),
                     (_in_place_shift, torch.randn(5, 8))]:
         kernel = sim.Kernel(func, replay=True)
         kernel(x.clone())
-        replayed[func.__name__] = {p is not None for (f, _), p in sim_replay._PLANS.items() if f is func}
-    # _in_place_shift's tiles are fused: each read's source (the row before) was not written after its load
-    assert replayed == {"_tiled_copy": {True}, "_half_tile": {False}, "_in_place_shift": {True}}
+        replayed[func.__name__] = {type(p) for (f, _), p in sim_replay._PLANS.items() if f is func}
+    # _in_place_shift's tiles are fused: each read's source (the row before) was not written after its load;
+    # _half_tile reads a tile written in part, so its copies cannot skip the tile: its operations are replayed
+    assert replayed == {"_tiled_copy": {sim_replay.Plan}, "_half_tile": {op_replay.Plan},
+                        "_in_place_shift": {sim_replay.Plan}}
+
+
+# -- replay of compute kernels as their recorded operations (sim/op_replay.py) -------------------------
+
+def _many_kernels(x, w, table, ids, q, k, v):
+    """Pointwise, reductions, matmul, attention, norms and gathers: one kernel family or more each."""
+    h = torch.nn.functional.silu(x) * 1.5 - x.exp() / (1 + x * x)
+    norms = torch.nn.functional.layer_norm(h, h.shape[-1:]) + torch.nn.functional.rms_norm(x, x.shape[-1:], eps=1e-5)
+    reduced = h.sum(-1), x.amax(0), torch.log_softmax(x, dim=-1).mean(-1)
+    attention = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+    return norms @ w, reduced, attention, torch.nn.functional.embedding(ids, table), table.index_select(0, ids)
+
+
+def _op_plans() -> int:
+    return sum(type(p) is op_replay.Plan for p in sim_replay._PLANS.values())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows", [128, 130])  # on and off the partition tile
+def test_replayed_compute_kernels_give_the_same_bits_and_trace(dtype, rows, monkeypatch):
+    torch._dynamo.reset()
+    sim_replay._PLANS.clear()
+    gen = torch.Generator().manual_seed(rows)
+    x, w, table = (torch.randn(*s, generator=gen).to(dtype) for s in [(rows, 72), (72, 40), (50, 24)])
+    ids = torch.randint(0, 50, (rows,), generator=gen)
+    q, k, v = (torch.randn(1, 2, rows, 16, generator=gen).to(dtype) for _ in range(3))
+    compiled = torch.compile(_many_kernels, backend="neuron")
+    compiled(x, w, table, ids, q, k, v)  # compile, check and record
+    assert _op_plans() >= 6  # the compute kernels are replayed, not only the copy kernels
+    _same_outputs_and_trace(lambda: compiled(x, w, table, ids, q, k, v), monkeypatch)
+    x2 = torch.randn(rows, 72, generator=gen).to(dtype)  # new values, same signature: replayed again
+    _same_outputs_and_trace(lambda: compiled(x2, w, table, ids, q, k, v), monkeypatch)
+
+
+def _log_kernel(x):
+    """ScalarE log: its range check reads the data (a guard), its PSUM-free bookkeeping does not."""
+    out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+    t = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.sbuf)
+    nisa.dma_copy(dst=t, src=x)
+    nisa.activation(dst=t, op=nl.log, data=t)
+    nisa.dma_copy(dst=out, src=t)
+    return out
+
+
+def test_a_value_dependent_read_that_differs_runs_the_slow_path():
+    x = torch.rand(4, 8) + 0.5
+    runs = _runs(_log_kernel, lambda call: x if call < 2 else -x)  # the last call's inputs are out of range
+    for (out, _, ops), (ref_out, _, ref_ops) in zip(runs[True], runs[False]):
+        assert ops == ref_ops and torch.equal(_bits(out), _bits(ref_out))
+    assert torch.isnan(runs[True][-1][0]).all()  # the hardware's invalid output, as the slow path gives
+    plans = [p for (f, _), p in sim_replay._PLANS.items() if f is _log_kernel]
+    assert [type(p) for p in plans] == [op_replay.Plan] and plans[0].counts["guards"] >= 1
+
+
+def _scale_in_place(x):
+    """Writes its argument: the replay writes the caller's tensor too."""
+    t = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.sbuf)
+    nisa.dma_copy(dst=t, src=x)
+    nisa.tensor_scalar(dst=t, data=t, op0=nl.multiply, operand0=3.0)
+    nisa.dma_copy(dst=x, src=t)
+    return x
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_replayed_kernel_writing_its_argument_writes_the_same_bits(dtype):
+    runs = _runs(_scale_in_place, lambda call: torch.randn(6, 130, generator=torch.Generator().manual_seed(call)).to(dtype))
+    for (out, arg, ops), (ref_out, ref_arg, ref_ops) in zip(runs[True], runs[False]):
+        assert ops == ref_ops and torch.equal(_bits(arg), _bits(ref_arg)) and torch.equal(_bits(out), _bits(arg))
+    kernel = sim.Kernel(_scale_in_place, replay=True)
+    x = torch.randn(6, 130).to(dtype)
+    assert kernel(x) is x

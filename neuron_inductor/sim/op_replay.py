@@ -1,0 +1,539 @@
+"""Record and replay of compute kernels as the torch operations their instructions ran.
+
+A kernel's control flow, rule checks and trace depend on its arguments' shapes only, so what its
+instructions do to torch storage is one fixed sequence of ATen operations per call signature. The
+first call runs normally under a TorchDispatchMode that records that sequence; later calls run it
+as one generated straight-line Python function: the same operations on the same layouts in the
+same order, hence the same bits, without the NKI objects, index checks and rule checks (whose
+verdicts the first run took).
+
+What the generated function leaves out, and why that changes no bit:
+- operations whose results nothing reads: the interpreter's bookkeeping (PSUM written masks, the
+  NaN fill of a recycled tile that is then overwritten whole) and views nothing uses;
+- data-independent Python reads (`bool(mask.all())` on bookkeeping derived from constants only):
+  their value is the same on every call. A read of values derived from the data (the activation
+  range check) stays as a guard: if it reads another value, the replay stops and the kernel runs
+  normally. A plan whose guards come after a write to an argument is not made (the slow path could
+  not start over).
+
+Default-deny: an operation outside ATen / prims, a seeded random one, a non-tensor argument it does
+not know, or a tensor from outside the kernel (other than a 0-d number) keeps the kernel on the
+slow path for that signature.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode_stack
+from torch.utils.weak import WeakIdKeyDictionary
+
+from . import tracing
+
+MAX_OPS = 200_000  # recorded operations per kernel: bounds the generated function's size (larger: slow path)
+
+
+class Unsupported(Exception):
+    """The recorded kernel does something the replay does not reproduce."""
+
+
+class Mismatch(Exception):
+    """A guard read another value than on the recorded run: the call runs on the slow path."""
+
+
+class _Ref:
+    __slots__ = ("name",)
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+
+class _Op:
+    __slots__ = ("func", "args", "kwargs", "outs", "reads", "new_slots", "in_keys", "out_keys", "writes",
+                 "whole_write", "view", "guard", "live", "runtime_guard", "fold")
+
+    def __init__(self, func, args, kwargs, outs, reads, new_slots, in_keys, out_keys, writes, whole_write, view,
+                 guard):
+        self.func = func
+        self.args, self.kwargs, self.outs = args, kwargs, outs  # templates: _Ref for tensors, values otherwise
+        self.reads = reads            # names of the tensor inputs
+        self.new_slots = new_slots    # names of the tensors it creates
+        self.in_keys = in_keys        # storage keys of its tensor inputs
+        self.out_keys = out_keys      # storage keys of the tensors it creates
+        self.writes = writes          # storage keys it writes in place
+        self.whole_write = whole_write  # the storage key it overwrites whole (copy_ / fill_ / zero_), or None
+        self.view = view
+        self.guard = guard            # (value,) for operations returning Python values, else None
+        self.live = self.runtime_guard = False
+        self.fold = None  # a view: (root name, sizes, strides, offset), made by one as_strided of its root
+
+
+_OVERWRITES = {"aten::copy_", "aten::fill_", "aten::zero_"}
+_CONSTANT_TYPES = (torch.dtype, torch.device, torch.layout, torch.memory_format)
+
+
+def _key(t: torch.Tensor) -> int:
+    return t.untyped_storage().data_ptr()
+
+
+def _layout(root: str, t: torch.Tensor) -> tuple:
+    return root, tuple(t.shape), t.stride(), t.storage_offset(), t.dtype
+
+
+def _is_whole(t: torch.Tensor) -> bool:
+    storage = t.untyped_storage()
+    return (storage.nbytes() > 0 and t.storage_offset() == 0 and t.is_contiguous()
+            and t.numel() * t.element_size() == storage.nbytes())
+
+
+class Recorder(TorchDispatchMode):
+    """Records the ATen operations of one kernel run on `args` (the caller's tensors)."""
+
+    def __init__(self, args: tuple) -> None:
+        super().__init__()
+        self.args = {id(a): i for i, a in enumerate(args) if isinstance(a, torch.Tensor)}
+        self.arg_tensors = args
+        self.arg_keys = {_key(a) for a in args if isinstance(a, torch.Tensor)}
+        self.names = WeakIdKeyDictionary()  # tensor -> its variable name
+        self.layouts = {f"a{i}": _layout(f"a{i}", a) for i, a in enumerate(args) if isinstance(a, torch.Tensor)}
+        self.slots = 0
+        self.constants: list = []
+        self.ops: list[_Op] = []
+        self.denied: str | None = None
+        if torch.is_inference_mode_enabled():  # composite ops (reshape) then reach ATen aliasing, not as views
+            self.denied = "recorded under inference mode"
+
+    # -- naming
+    def ref(self, t: torch.Tensor, func=None, position=None) -> str:
+        index = self.args.get(id(t))
+        if index is not None and self.arg_tensors[index] is t:
+            return f"a{index}"
+        name = self.names.get(t)
+        if name is not None:
+            return name
+        if position == 0 and func is not None and func._schema.name in ("aten::fill_", "aten::zero_") and _is_whole(t):
+            # a recycled tile (its storage comes from an earlier kernel) filled whole: a fresh tile
+            name = self._new(t)
+            self.ops.append(_Op(torch.ops.aten.empty.memory_format, (list(t.shape),),
+                                {"dtype": self.constant(t.dtype), "device": self.constant(t.device)}, _Ref(name), (), (name,), (), (_key(t),), (), None,
+                                False, None))
+            return name
+        if t.dim() == 0 and not t.requires_grad:
+            self.constants.append(t)  # a Python number torch wrapped as a tensor
+            return f"c{len(self.constants) - 1}"
+        raise Unsupported(f"{func}: reads a tensor of shape {list(t.shape)} from outside the kernel")
+
+    def _new(self, t: torch.Tensor) -> str:
+        name = f"v{self.slots}"
+        self.slots += 1
+        self.names[t] = name
+        self.layouts[name] = _layout(name, t)
+        return name
+
+    def template(self, value, func, reads: list, keys: list, position=None):
+        if isinstance(value, torch.Tensor):
+            name = self.ref(value, func, position)
+            if name[0] != "c":
+                reads.append(name)
+                keys.append(_key(value))
+            return _Ref(name)
+        if isinstance(value, (list, tuple)):
+            return type(value)(self.template(v, func, reads, keys) for v in value)
+        if value is None or isinstance(value, (bool, int, str)):
+            return value
+        if isinstance(value, float):
+            if math.isfinite(value):
+                return value
+        elif not isinstance(value, _CONSTANT_TYPES):
+            raise Unsupported(f"{func}: an argument of type {type(value).__name__}")
+        return self.constant(value)
+
+    def constant(self, value) -> _Ref:
+        self.constants.append(value)
+        return _Ref(f"c{len(self.constants) - 1}")
+
+    # -- recording
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        if self.denied is None:
+            try:
+                self._note(func, args, kwargs, out)
+            except Unsupported as reason:
+                self.denied = str(reason)
+        return out
+
+    def _note(self, func, args, kwargs, out) -> None:
+        if func.namespace not in ("aten", "prims") or torch.Tag.nondeterministic_seeded in func.tags:
+            raise Unsupported(f"{func}: not replayed (not ATen, or random)")
+        schema = func._schema
+        reads, keys = [], []
+        targs = tuple(self.template(a, func, reads, keys, position=i) for i, a in enumerate(args))
+        tkwargs = {k: self.template(v, func, reads, keys) for k, v in kwargs.items()}
+        writes = []
+        for i, argument in enumerate(schema.arguments):
+            if argument.alias_info is not None and argument.alias_info.is_write:
+                value = args[i] if i < len(args) and not argument.kwarg_only else kwargs.get(argument.name)
+                for t in (value if isinstance(value, (list, tuple)) else (value,)):
+                    if isinstance(t, torch.Tensor):
+                        writes.append(_key(t))
+        whole = _key(args[0]) if schema.name in _OVERWRITES and _is_whole(args[0]) else None
+        new_slots, guard = [], None
+        if isinstance(out, torch.Tensor) or (isinstance(out, (tuple, list)) and out
+                                             and all(isinstance(o, torch.Tensor) for o in out)):
+            touts = self._outputs(out, new_slots)
+        elif out is None or (isinstance(out, (tuple, list)) and not out):
+            touts = None
+        elif isinstance(out, (bool, int, float)):
+            touts, guard = None, (out,)
+        else:
+            raise Unsupported(f"{func}: returns {type(out).__name__}")
+        out_keys = tuple(_key(t) for t in _tensors(out)) if new_slots else ()
+        op = _Op(func, targs, tkwargs, touts, tuple(reads), tuple(new_slots), tuple(keys), out_keys,
+                 tuple(writes), whole, func.is_view, guard)
+        if op.view and len(new_slots) == 1 and isinstance(touts, _Ref) and reads and reads[0] in self.layouts:
+            root = self.layouts[reads[0]][0]
+            if self.layouts[root][4] is out.dtype:  # (a dtype view is no as_strided of its root)
+                name = new_slots[0]
+                self.layouts[name] = layout = (root,) + self.layouts[name][1:]
+                op.fold = layout[:4]
+        self.ops.append(op)
+
+    def _outputs(self, out, new_slots: list):
+        if isinstance(out, (tuple, list)):
+            return type(out)(self._outputs(o, new_slots) for o in out)
+        index = self.args.get(id(out))
+        if index is not None and self.arg_tensors[index] is out:
+            return _Ref(f"a{index}")
+        name = self.names.get(out)
+        if name is None:
+            name = self._new(out)
+            new_slots.append(name)
+        return _Ref(name)
+
+
+def deny(reason: str) -> None:
+    """Keep the kernel being recorded (if any) on the slow path: for instructions whose Python reads
+    values the recorder does not see as guards (indirect DMA addresses)."""
+    for mode in _get_current_dispatch_mode_stack():
+        if isinstance(mode, Recorder) and mode.denied is None:
+            mode.denied = reason
+
+
+class Plan:
+    """A recorded kernel as a generated function of the caller's tensors -> the kernel's torch result."""
+
+    def __init__(self, function, instructions: list, counts: dict) -> None:
+        self.function = function
+        self.instructions = instructions  # the first run's trace
+        self.counts = counts              # {"recorded": ops, "replayed": calls made, "guards": running guards}
+
+    def run(self, args: tuple):
+        """The result, or raises Mismatch (then nothing the caller sees was written)."""
+        from .launch import _kernel_threads  # (launch imports this module)
+        threads, previous = _kernel_threads(), torch.get_num_threads()
+        if threads and threads != previous:
+            torch.set_num_threads(threads)  # as the slow path: the thread count can change a matmul's sums
+        try:
+            result = self.function(*args)
+        finally:
+            if threads and threads != previous:
+                torch.set_num_threads(previous)
+        for trace in tracing.ACTIVE:
+            trace.instructions.extend(self.instructions)
+        return result
+
+
+PERSISTENT_BYTES = 64 << 20  # per plan: on-chip tiles kept between calls instead of allocated per call
+
+
+def plan_for(recorder: Recorder, result, instructions: list) -> Plan | None:
+    """The replay of a recorded run whose kernel returned `result` (torch tensors), or None."""
+    if recorder.denied is not None or len(recorder.ops) > MAX_OPS:
+        return None
+    try:
+        result_template = _result_template(recorder, result)
+    except Unsupported:
+        return None
+    result_names, result_keys = set(), {_key(t) for t in _tensors(result)}
+    _collect_names(result_template, result_names)
+    ops = recorder.ops
+    persistent = _persistent(recorder, ops, result_keys)
+    _mark_guards(ops, recorder.arg_keys)
+    _mark_live(ops, recorder.arg_keys | result_keys, result_names, persistent)
+    live = [op for op in ops if op.live]
+    guards = [i for i, op in enumerate(live) if op.runtime_guard]
+    writes_arg = [i for i, op in enumerate(live) if any(k in recorder.arg_keys for k in op.writes)]
+    if guards and writes_arg and writes_arg[0] < guards[-1]:
+        return None  # a guard after an argument was written: a failed replay could not fall back
+    written = {k for op in ops for k in op.writes}
+    calls, namespace = _calls(live, recorder, result_names, persistent, written)
+    slow = set()
+    for _ in range(3):  # Python bindings where they dispatch to the recorded operation, else the op itself
+        function = _generate(calls, recorder, result_template, result_names, namespace, slow)
+        wrong = _check_dispatch(function, calls, recorder.arg_tensors)
+        if wrong is None:
+            return Plan(function, instructions, {"recorded": len(ops), "replayed": len(calls), "guards": len(guards)})
+        slow.update(wrong)
+    return None
+
+
+def _tensors(value):
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif isinstance(value, (tuple, list)):
+        for v in value:
+            yield from _tensors(v)
+
+
+def _result_template(recorder: Recorder, value):
+    if isinstance(value, torch.Tensor):
+        return _Ref(recorder.ref(value))
+    if isinstance(value, (tuple, list)):
+        return type(value)(_result_template(recorder, v) for v in value)
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    raise Unsupported(f"the kernel returns {type(value).__name__}")
+
+
+def _persistent(recorder: Recorder, ops: list, result_keys: set) -> dict:
+    """{name: buffer} of the tensors made from constants alone (tiles, immediates) that the caller
+    never sees: made once, here, and kept (re-initialised on each call where their first value is read)."""
+    found, total = {}, 0
+    for op in ops:
+        if op.reads or op.view or op.guard is not None or len(op.new_slots) != 1 or not isinstance(op.outs, _Ref) \
+                or op.out_keys[0] in result_keys:
+            continue
+        buffer = op.func(*_constants(op.args, recorder), **_constants(op.kwargs, recorder))
+        total += buffer.untyped_storage().nbytes()
+        if total > PERSISTENT_BYTES:
+            break
+        found[op.new_slots[0]] = buffer
+    return found
+
+
+def _constants(template, recorder: Recorder):
+    if isinstance(template, _Ref):
+        return recorder.constants[int(template.name[1:])]
+    if isinstance(template, dict):
+        return {k: _constants(v, recorder) for k, v in template.items()}
+    if isinstance(template, (tuple, list)):
+        return type(template)(_constants(t, recorder) for t in template)
+    return template
+
+
+def _mark_guards(ops: list, arg_keys: set) -> None:
+    """Forward: which storages hold values derived from the arguments; guards reading them run."""
+    tainted = set(arg_keys)
+    for op in ops:
+        derived = any(k in tainted for k in op.in_keys)
+        if derived:
+            tainted.update(op.writes)
+            tainted.update(op.out_keys)
+        elif op.new_slots and not op.view:
+            tainted.difference_update(op.out_keys)  # new storage (at an address freed before, maybe)
+        op.runtime_guard = op.guard is not None and derived
+
+
+def _mark_live(ops: list, needed: set, used: set, persistent: dict) -> None:
+    """Backward: an operation is kept if it is a running guard, creates a tensor a kept operation
+    uses, or writes storage read later (or seen by the caller). A whole overwrite ends the need for
+    what the storage held before; a view reads no values; a kept buffer's making is needed only
+    where its first value is read."""
+    needed, used = set(needed), set(used)
+    for op in reversed(ops):
+        if op.new_slots and op.new_slots[0] in persistent:
+            op.live = op.out_keys[0] in needed
+            needed.discard(op.out_keys[0])
+            continue
+        live = op.runtime_guard or any(s in used for s in op.new_slots) or any(k in needed for k in op.writes)
+        if not live:
+            continue
+        op.live = True
+        if op.whole_write is not None:
+            needed.discard(op.whole_write)
+            used.add(op.reads[0])
+            for name, key in zip(op.reads[1:], op.in_keys[1:]):
+                used.add(name)
+                needed.add(key)
+            continue
+        used.update(op.reads)
+        if not op.view:
+            needed.update(op.in_keys)
+
+
+class _Call:
+    """One line of the generated function: `outs = func(args)`, or a guard."""
+
+    __slots__ = ("func", "args", "kwargs", "outs", "new", "guard")
+
+    def __init__(self, func, args, kwargs, outs, new, guard=None):
+        self.func, self.args, self.kwargs, self.outs, self.new, self.guard = func, args, kwargs, outs, new, guard
+
+
+_AS_STRIDED = torch.ops.aten.as_strided.default
+_COPY = torch.ops.aten.copy_.default
+
+
+def _calls(live: list, recorder: Recorder, result_names: set, persistent: dict, written: set):
+    """The kept operations with views folded into one as_strided of their root (none for a view of a
+    kept buffer: made here once) and kept buffers re-initialised by a copy of their first value."""
+    namespace = {"Mismatch": Mismatch, "_same": _same}
+    for i, c in enumerate(recorder.constants):
+        namespace[f"c{i}"] = c
+    rename: dict = {}
+    calls = []
+
+    def sub(template):
+        if isinstance(template, _Ref):
+            return _Ref(rename.get(template.name, template.name))
+        if isinstance(template, dict):
+            return {k: sub(v) for k, v in template.items()}
+        if isinstance(template, (tuple, list)):
+            return type(template)(sub(t) for t in template)
+        return template
+
+    for name, buffer in persistent.items():
+        namespace[f"p{name}"] = buffer
+        rename[name] = f"p{name}"
+    for index, op in enumerate(live):
+        name = op.new_slots[0] if op.new_slots else None
+        if name in persistent:
+            if op.out_keys[0] in written:  # its first value is read, and it was changed since
+                namespace[f"i{name}"] = persistent[name].clone()
+                calls.append(_Call(_COPY, (_Ref(f"p{name}"), _Ref(f"i{name}")), {}, None, ()))
+            continue
+        if op.fold is not None and name not in result_names:
+            root, sizes, strides, offset = op.fold
+            if root in persistent:
+                view = persistent[root].as_strided(sizes, strides, offset)
+                namespace[f"p{name}"] = view
+                rename[name] = f"p{name}"
+                continue
+            if recorder.layouts[root][1:4] == (sizes, strides, offset):
+                rename[name] = rename.get(root, root)
+                continue
+        if op.fold is not None:
+            root, sizes, strides, offset = op.fold
+            calls.append(_Call(_AS_STRIDED, (_Ref(rename.get(root, root)), sizes, strides, offset), {}, _Ref(name),
+                               (name,)))
+            continue
+        if op.guard is not None:
+            namespace[f"g{index}"] = op.guard[0]
+            calls.append(_Call(op.func, sub(op.args), sub(op.kwargs), None, (), guard=f"g{index}"))
+            continue
+        calls.append(_Call(op.func, sub(op.args), sub(op.kwargs), op.outs if op.new_slots else None, op.new_slots))
+    return calls, namespace
+
+
+def _binding(func):
+    """The Python binding of an ATen operation (parses arguments faster than the operation object)."""
+    name = func._schema.name.split("::")[1]
+    for owner in (torch, torch.Tensor):
+        binding = getattr(owner, name, None)
+        if binding is not None and type(binding).__name__ in ("builtin_function_or_method", "method_descriptor"):
+            return binding
+    return None
+
+
+def _generate(calls: list, recorder: Recorder, result_template, result_names: set, namespace: dict, slow: set):
+    """One Python function making `calls` in order, each variable deleted after its last use."""
+    namespace = dict(namespace)
+    funcs: dict = {}
+    last_use: dict = {}
+    for index, call in enumerate(calls):
+        for name in _names((call.args, call.kwargs)):
+            last_use[name] = index
+    lines = [f"def replay({', '.join(f'a{i}' for i in range(len(recorder.arg_tensors)))}):"]
+    for index, call in enumerate(calls):
+        fname = funcs.get(call.func)
+        if fname is None:
+            fname = funcs[call.func] = f"f{len(funcs)}"
+            binding = None if call.func in slow else _binding(call.func)
+            namespace[fname] = binding if binding is not None else call.func._op
+        source = f"{fname}({_args(call.args, call.kwargs)})"
+        if call.guard is not None:
+            lines.append(f"    if not _same({source}, {call.guard}): raise Mismatch")
+        elif call.new:
+            lines.append(f"    {_source(call.outs)} = {source}")
+        else:
+            lines.append(f"    {source}")
+        reads = _names((call.args, call.kwargs))
+        dead = sorted({n for n in reads if n[0] == "v" and last_use[n] == index and n not in result_names})
+        unused = [n for n in call.new if n not in last_use and n not in result_names]
+        if dead or unused:
+            lines.append(f"    del {', '.join(dead + unused)}")
+    lines.append(f"    return {_source(result_template)}")
+    exec(compile("\n".join(lines), f"<replay of {len(calls)} operations>", "exec"), namespace)
+    return namespace["replay"]
+
+
+def _names(template) -> set:
+    found: set = set()
+    _collect_names(template, found)
+    return found
+
+
+def _collect_names(template, found: set) -> None:
+    if isinstance(template, _Ref):
+        found.add(template.name)
+    elif isinstance(template, dict):
+        for v in template.values():
+            _collect_names(v, found)
+    elif isinstance(template, (tuple, list)):
+        for t in template:
+            _collect_names(t, found)
+
+
+class _DispatchCheck(TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.funcs: list = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.funcs.append(func)
+        return func(*args, **(kwargs or {}))
+
+
+def _check_dispatch(function, calls: list, args: tuple):
+    """None if the generated function, run on copies of the arguments, dispatches exactly the
+    planned operations; else the first planned operation it did not (its line falls back to the
+    operation object)."""
+    copies = tuple(_same_layout_copy(a) for a in args)
+    check = _DispatchCheck()
+    try:
+        with check:
+            function(*copies)
+    except Exception:  # noqa: BLE001 - a binding that takes other arguments: found below by position
+        pass
+    for index, (planned, seen) in enumerate(zip(calls, check.funcs)):
+        if planned.func is not seen:  # (the binding before may have dispatched one more)
+            return {planned.func} | ({calls[index - 1].func} if index else set())
+    if len(check.funcs) != len(calls):
+        return {calls[min(len(check.funcs), len(calls) - 1)].func}
+    return None
+
+
+def _same_layout_copy(t: torch.Tensor) -> torch.Tensor:
+    """A copy of `t` in a storage like its own (the plan's views address the storage)."""
+    return torch.empty(0, dtype=t.dtype).set_(t.untyped_storage().clone(), t.storage_offset(), t.size(), t.stride())
+
+
+def _same(a, b) -> bool:
+    return a == b or (a != a and b != b)  # NaN reads as NaN
+
+
+def _args(args, kwargs) -> str:
+    parts = [_source(a) for a in args] + [f"{k}={_source(v)}" for k, v in kwargs.items()]
+    return ", ".join(parts)
+
+
+def _source(template) -> str:
+    if isinstance(template, _Ref):
+        return template.name
+    if isinstance(template, tuple):
+        return "(" + "".join(_source(t) + ", " for t in template) + ")"
+    if isinstance(template, list):
+        return "[" + ", ".join(_source(t) for t in template) + "]"
+    return repr(template)
