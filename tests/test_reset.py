@@ -7,6 +7,7 @@ import torch
 import neuron_inductor
 from neuron_inductor.codegen import render
 from neuron_inductor.observe import session
+from neuron_inductor.sim import replay
 
 
 def _compile_and_run(cache_dir):
@@ -20,11 +21,11 @@ def _compile_and_run(cache_dir):
 def test_reset_forgets_programs_records_caches_and_memos(tmp_path):
     neuron_inductor.reset()
     _compile_and_run(tmp_path)
-    assert session.BUCKETS and render._rendered
+    assert session.BUCKETS and render._rendered and replay._PLANS
     assert neuron_inductor.cache_stats()["compiles"] == 1
 
     neuron_inductor.reset()
-    assert not session.BUCKETS and not session.AOT_GRAPHS and not render._rendered
+    assert not session.BUCKETS and not session.AOT_GRAPHS and not render._rendered and not replay._PLANS
     assert neuron_inductor.cache_stats()["compiles"] == 0
 
     # the disk cache stays: the same graph after reset is a disk hit, counted from zero

@@ -246,6 +246,15 @@ class Plan:
 
 
 PERSISTENT_BYTES = 64 << 20  # per plan: on-chip tiles kept between calls instead of allocated per call
+# over every plan of the process (plans live as long as it does): past it, plans allocate their tiles per call
+PERSISTENT_TOTAL_BYTES = 1 << 30
+_persistent_total = 0
+
+
+def release() -> None:
+    """Forget the kept tiles' byte count (the plans holding them are being dropped)."""
+    global _persistent_total
+    _persistent_total = 0
 
 
 def plan_for(recorder: Recorder, result, instructions: list) -> Plan | None:
@@ -300,16 +309,20 @@ def _result_template(recorder: Recorder, value):
 def _persistent(recorder: Recorder, ops: list, result_keys: set) -> dict:
     """{name: buffer} of the tensors made from constants alone (tiles, immediates) that the caller
     never sees: made once, here, and kept (re-initialised on each call where their first value is read)."""
+    global _persistent_total
+    budget = min(PERSISTENT_BYTES, PERSISTENT_TOTAL_BYTES - _persistent_total)
     found, total = {}, 0
     for op in ops:
         if op.reads or op.view or op.guard is not None or len(op.new_slots) != 1 or not isinstance(op.outs, _Ref) \
                 or op.out_keys[0] in result_keys:
             continue
         buffer = op.func(*_constants(op.args, recorder), **_constants(op.kwargs, recorder))
-        total += buffer.untyped_storage().nbytes()
-        if total > PERSISTENT_BYTES:
+        size = buffer.untyped_storage().nbytes()
+        if total + size > budget:
             break
+        total += size
         found[op.new_slots[0]] = buffer
+    _persistent_total += total
     return found
 
 

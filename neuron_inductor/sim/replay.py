@@ -29,6 +29,12 @@ _PLANS: dict = {}  # (func, signature) -> Plan, or None when the kernel cannot b
 _MAX_PLANS = 4096
 
 
+def forget() -> None:
+    """Drop every recorded plan (`neuron_inductor.reset()`)."""
+    _PLANS.clear()
+    op_replay.release()
+
+
 class Recording:
     """The exact copies of one run, as (dst view, src view) per dma_copy. A view is (owner, sizes,
     strides, offset into the owner's storage, whole), owner = ("arg", i) | ("out", k) | ("tile", n);
@@ -212,7 +218,7 @@ def run(func, args: tuple, kwargs: dict, grid, platform_target, launch, unwrap):
             try:
                 return plan.run(args)
             except op_replay.Mismatch:
-                pass  # a value-dependent read differed: this call runs normally  # a value-dependent read differed: this call runs normally
+                pass  # a value-dependent read differed: this call runs normally
         return unwrap(launch())
     _RECORDER = recording = Recording(args)
     try:

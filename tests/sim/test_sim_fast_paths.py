@@ -267,3 +267,18 @@ def test_a_replayed_kernel_writing_its_argument_writes_the_same_bits(dtype):
     kernel = sim.Kernel(_scale_in_place, replay=True)
     x = torch.randn(6, 130).to(dtype)
     assert kernel(x) is x
+
+
+@pytest.mark.parametrize("spent", [0, op_replay.PERSISTENT_TOTAL_BYTES])
+def test_kept_tiles_stay_within_the_process_budget(spent, monkeypatch):
+    """Plans keep their on-chip tiles between calls only while the process-wide budget lasts; past it a plan
+    allocates them per call and gives the same bits."""
+    sim_replay.forget()
+    monkeypatch.setattr(op_replay, "_persistent_total", spent)
+    runs = _runs(_log_kernel, lambda call: torch.rand(4, 8, generator=torch.Generator().manual_seed(call)) + 0.5)
+    for (out, _, ops), (ref_out, _, ref_ops) in zip(runs[True], runs[False]):
+        assert ops == ref_ops and torch.equal(_bits(out), _bits(ref_out))
+    kept = op_replay._persistent_total - spent
+    assert (kept > 0) if spent == 0 else (kept == 0)
+    sim_replay.forget()
+    assert op_replay._persistent_total == 0
