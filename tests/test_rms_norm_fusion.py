@@ -100,3 +100,34 @@ def test_tiny_llama_step_fuses_every_norm_and_matches_eager():
     torch.testing.assert_close(loss, expected, rtol=1e-4, atol=1e-4)
     for got, want in zip((p.grad for p in model.parameters()), grads):
         torch.testing.assert_close(got, want, rtol=1e-3, atol=1e-4)
+
+
+def _rsqrt_read_before_the_result(x, w):
+    rstd = torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
+    total = rstd.sum()  # traced before x * rstd * w
+    return x * rstd * w, total
+
+
+def _mean_over_the_first_dim(x, w):
+    return x * torch.rsqrt(x.pow(2).mean(0, keepdim=True) + 1e-6) * w
+
+
+def _mean_of_cubes(x, w):
+    return x * torch.rsqrt(x.pow(3).abs().mean(-1, keepdim=True) + 1e-6) * w
+
+
+@pytest.mark.parametrize("fn, reason", [
+    (_rsqrt_read_before_the_result, "is read before the norm's result"),
+    (_mean_over_the_first_dim, "is not a keepdim mean over the last dim"),
+    (_mean_of_cubes, "is not aten.pow.Tensor_Scalar / aten.mul.Tensor"),
+])
+def test_unproven_forms_stay_decomposed_with_the_reason_logged(fn, reason, caplog):
+    from torch.fx.experimental.proxy_tensor import make_fx
+    from neuron_inductor.passes.rms_norm_fusion import fuse_rms_norms
+
+    x, w = torch.randn(4, 32), torch.rand(32)
+    gm = make_fx(fn, tracing_mode="fake")(x, w)
+    with caplog.at_level("DEBUG", logger="neuron_inductor"):
+        assert fuse_rms_norms(gm) == 0
+    assert reason in caplog.text
+    torch.testing.assert_close(gm(x, w), fn(x, w))

@@ -130,6 +130,9 @@ def _match(rsqrt: fx.Node) -> dict:
         raise _NoMatch(f"the result {y.name} is {_val(y).dtype} {list(_val(y).shape)}, not x's")
     for node in (squares, mean, add_eps):
         _only_used_by(node, internal)
+    early = [u.name for u in rsqrt.users if u not in internal and not _after(u, y)]
+    if early:  # the kernel's rstd exists from y's position on
+        raise _NoMatch(f"{rsqrt.name} is read before the norm's result, by {', '.join(early)}")
     if normed is not y:
         _only_used_by(normed, internal)
     if scaled not in (normed, y):
