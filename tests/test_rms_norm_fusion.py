@@ -131,3 +131,26 @@ def test_unproven_forms_stay_decomposed_with_the_reason_logged(fn, reason, caplo
         assert fuse_rms_norms(gm) == 0
     assert reason in caplog.text
     torch.testing.assert_close(gm(x, w), fn(x, w))
+
+
+def test_hugging_face_llama_step_fuses_every_norm_and_matches_eager():
+    """The real AOT graphs of a tiny transformers LlamaForCausalLM (fp32), fallback='error'."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=1,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    model = LlamaForCausalLM(config).eval()  # eval: no dropout (its rate is 0 anyway)
+    ids = torch.randint(0, config.vocab_size, (2, 24))
+    expected = model(input_ids=ids, labels=ids).loss
+    expected.backward()
+    grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    first = len(runtime.COMPILED_PROGRAMS)
+    compiled = torch.compile(model, backend="neuron", options={"fallback": "error"})
+    loss = compiled(input_ids=ids, labels=ids).loss
+    loss.backward()
+    assert _families(first)[0].count("rms_norm") == 2 * config.num_hidden_layers + 1
+    torch.testing.assert_close(loss, expected, rtol=1e-4, atol=1e-4)
+    for got, want in zip((p.grad for p in model.parameters()), grads):
+        torch.testing.assert_close(got, want, rtol=1e-3, atol=1e-4)
