@@ -35,7 +35,8 @@ from pathlib import Path
 
 import torch
 
-from neuron_inductor import cache, compiler, config, generalize, runtime
+from neuron_inductor import cache, compiler, config, generalize
+from neuron_inductor.observe import session
 from neuron_inductor.bucketing import BucketPolicy
 from neuron_inductor.testing import TinyLlama, TinyLlamaConfig
 
@@ -51,7 +52,7 @@ def train(mode: str, lengths: list[int], cache_dir: str, model_cfg: TinyLlamaCon
     torch._dynamo.reset()
     cache._caches.clear()  # count this run only (a new process would start empty too)
     generalize.reset()
-    programs_before = len(runtime.COMPILED_PROGRAMS)
+    programs_before = len(session.BUCKETS)
     torch.manual_seed(0)
     model = TinyLlama(model_cfg)
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-2)
@@ -73,8 +74,8 @@ def train(mode: str, lengths: list[int], cache_dir: str, model_cfg: TinyLlamaCon
             eager_steps += any("EAGERLY" in str(w.message) for w in caught[seen:])
     wall = time.perf_counter() - start
     stats = cache.cache_stats()
-    compiled = [p for p in runtime.COMPILED_PROGRAMS[programs_before:] if p["source"] == "compiled"]
-    exact = sum(p["signature"] == "static" or p["signature"].startswith("exact") for p in compiled)
+    compiled = [p for p in session.BUCKETS[programs_before:] if p.source == "compiled"]
+    exact = sum(p.plan == "static" or p.plan.startswith("exact") for p in compiled)
     policy = BucketPolicy.parse(buckets)
     return {
         "mode": mode, "lengths": len(set(lengths)), "buckets": len({policy.bucket(n) for n in lengths}),

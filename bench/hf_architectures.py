@@ -261,9 +261,9 @@ def _graph_flops(formulas: dict) -> tuple[int, int, list[tuple[str, str]]]:
 
     graph_flops = fallback_flops = 0
     fallbacks: list[tuple[str, str]] = []
-    for runner, aot in list(session.AOT_GRAPHS.items()):
+    for graph, aot in list(session.AOT_GRAPHS.items()):
         flops_by_op, nodes_by_op = Counter(), Counter()
-        for node in runner.gm.graph.nodes:
+        for node in graph.gm.graph.nodes:
             if node.op == "call_function":
                 flops_by_op[op_name(node)] += _node_flops(node, formulas)
                 nodes_by_op[op_name(node)] += 1

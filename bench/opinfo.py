@@ -208,8 +208,8 @@ class LogMessages(logging.Handler):
 
 def _placement(programs: list[dict], rule_errors: list[str]) -> dict:
     """Where the neuron backend ran the op: kernel families, host fallbacks (op: reason)."""
-    families = Counter(k["family"] for p in programs for k in p["artifact"].meta["kernels"])
-    fallbacks = sorted({f"{f['op']}: {f['reason']}" for p in programs for f in p["artifact"].meta["fallbacks"]})
+    families = Counter(k["family"] for p in programs for k in p.artifact.meta["kernels"])
+    fallbacks = sorted({f"{f['op']}: {f['reason']}" for p in programs for f in p.artifact.meta["fallbacks"]})
     fallbacks += [f"logged error: {message}" for message in rule_errors]
     if not programs:
         where = "no graph"
@@ -226,10 +226,10 @@ def _placement(programs: list[dict], rule_errors: list[str]) -> dict:
 
 def check_backend(case: Case, backend: str | Callable, expected: Run, dtype: torch.dtype, backward: bool) -> dict:
     """Compile and run the case under one backend: {"status", "kind", "detail", ...}."""
-    from neuron_inductor import runtime
+    from neuron_inductor.observe import session
 
     torch._dynamo.reset()
-    first_program = len(runtime.COMPILED_PROGRAMS)
+    first_program = len(session.BUCKETS)
     errors = LogMessages(logging.ERROR)
     logging.getLogger("neuron_inductor").addHandler(errors)
     start = time.perf_counter()
@@ -249,7 +249,7 @@ def check_backend(case: Case, backend: str | Callable, expected: Run, dtype: tor
         logging.getLogger("neuron_inductor").removeHandler(errors)
     outcome["seconds"] = round(time.perf_counter() - start, 2)
     if backend == "neuron":
-        outcome.update(_placement(runtime.COMPILED_PROGRAMS[first_program:], errors.messages))
+        outcome.update(_placement(session.BUCKETS[first_program:], errors.messages))
     return outcome
 
 

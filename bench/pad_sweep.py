@@ -186,7 +186,8 @@ def run_mode(sample: ResizedSample, lengths: list[int], expected: list[opinfo.Ru
              backend: str = "neuron", buckets: str = str(BUCKET)) -> dict:
     """Compile once, call at every length, compare each call with eager: {"status", ...}; for the
     neuron backend also the program signatures of every call and the pad-safety refusals."""
-    from neuron_inductor import generalize, runtime
+    from neuron_inductor import generalize
+    from neuron_inductor.observe import session
 
     torch._dynamo.reset()
     generalize.reset()  # each mode starts as a new process would: no static-graph family from another mode
@@ -198,7 +199,7 @@ def run_mode(sample: ResizedSample, lengths: list[int], expected: list[opinfo.Ru
     outcome: dict = {"status": "pass", "signatures": []}
     try:
         for length, want in zip(lengths, expected):
-            before = len(runtime.COMPILED_PROGRAMS)
+            before = len(session.BUCKETS)
             try:
                 got = opinfo.run_case(sample.at(length), compiled, backward=False)
             except Exception as exc:
@@ -206,7 +207,7 @@ def run_mode(sample: ResizedSample, lengths: list[int], expected: list[opinfo.Ru
                 outcome.update(status="crash", length=length, raised_at=opinfo._raised_at(root),
                                detail=f"{type(root).__name__}: {str(root).strip()[:300]}")
                 break
-            outcome["signatures"].append([p["signature"] for p in runtime.COMPILED_PROGRAMS[before:]])
+            outcome["signatures"].append([p.plan for p in session.BUCKETS[before:]])
             difference = opinfo.compare(got, want, torch.float32, TOLERANCE)
             if difference is not None:
                 outcome.update(status="mismatch", length=length, detail=difference[:300])

@@ -36,8 +36,7 @@ import torch
 import torch.nn as nn
 from torch.utils.flop_counter import FlopCounterMode
 
-from neuron_inductor import runtime
-from neuron_inductor.observe import perfetto
+from neuron_inductor.observe import perfetto, session
 from neuron_inductor.sim import get_target
 from neuron_inductor.testing import Block, TinyLlama, TinyLlamaConfig, rotary_tables
 
@@ -107,24 +106,24 @@ def useful_flops(config: StepConfig) -> float:
     return counter.get_total_flops() - attention / 2
 
 
-def run_step(config: StepConfig) -> list[dict]:
-    """Compile and run one step; -> the compiled programs (forward, backward) in run order."""
+def run_step(config: StepConfig) -> list:
+    """Compile and run one step; -> the compiled programs (session.CompiledBucket: forward, backward) in run order."""
     torch._dynamo.reset()
     model, args = build(config)
     compiled = torch.compile(model, backend="neuron")
-    first = len(runtime.COMPILED_PROGRAMS)
+    first = len(session.BUCKETS)
     compiled(*args).backward()
-    return runtime.COMPILED_PROGRAMS[first:]
+    return session.BUCKETS[first:]
 
 
-def launches(programs: list[dict]) -> list[dict]:
+def launches(programs: list) -> list[dict]:
     """Every kernel launch of the step, in program order, with its estimate."""
     out = []
     for program in programs:
-        meta = program["artifact"].meta
+        meta = program.artifact.meta
         for kernel in meta["kernels"]:
             estimate = meta["estimates"][kernel["name"]]
-            out.append({"program": program["kind"], "name": kernel["name"], "family": kernel["family"],
+            out.append({"program": program.aot.kind, "name": kernel["name"], "family": kernel["family"],
                         "ops": kernel["ops"], "seconds": estimate["seconds"],
                         "engine_seconds": estimate["engine_seconds"], "tensor_flops": estimate["tensor_flops"]})
     return out
@@ -135,7 +134,7 @@ EMBEDDING_OPS = ("aten.embedding.default", "aten.embedding_dense_backward.defaul
 GOALS = {"mfu": 0.60, "embedding_share": 0.02, "tensor_over_useful": 1.05}
 
 
-def summarize(config: StepConfig, programs: list[dict], useful: float, wall: float) -> dict:
+def summarize(config: StepConfig, programs: list, useful: float, wall: float) -> dict:
     step = launches(programs)
     seconds = sum(k["seconds"] for k in step)
     embedding = sum(k["seconds"] for k in step if any(op in EMBEDDING_OPS for op in k["ops"]))
@@ -153,7 +152,7 @@ def summarize(config: StepConfig, programs: list[dict], useful: float, wall: flo
         "mfu": useful / (seconds * peak), "physical_bound_seconds": useful / peak,
         "embedding_share": embedding / seconds,
         "families": dict(sorted(families.items(), key=lambda item: -item[1]["seconds"])),
-        "fallbacks": sorted({f["op"] for p in programs for f in p["artifact"].meta["fallbacks"]}),
+        "fallbacks": sorted({f["op"] for p in programs for f in p.artifact.meta["fallbacks"]}),
         "interpreter_wall_seconds": wall, "kernels": step,
     }
 

@@ -22,7 +22,8 @@ import time
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from neuron_inductor import runtime, sim
+from neuron_inductor import sim
+from neuron_inductor.observe import session
 from neuron_inductor.testing import TinyLlama, TinyLlamaConfig
 
 aten = torch.ops.aten
@@ -49,10 +50,10 @@ def measure(dtype: torch.dtype, batch: int, seq: int, repeats: int) -> dict:
     eager, model = TinyLlama(config).to(dtype), TinyLlama(config).to(dtype)
     compiled = torch.compile(model, backend="neuron")
     ids = torch.randint(0, config.vocab_size, (batch, seq), generator=torch.Generator().manual_seed(0))
-    first_program = len(runtime.COMPILED_PROGRAMS)
+    first_program = len(session.BUCKETS)
     compiled(ids, ids).backward()  # compile
-    programs = runtime.COMPILED_PROGRAMS[first_program:]
-    fallbacks = sorted({f["op"] for p in programs for f in p["artifact"].meta["fallbacks"]})
+    programs = session.BUCKETS[first_program:]
+    fallbacks = sorted({f["op"] for p in programs for f in p.artifact.meta["fallbacks"]})
 
     with sim.trace() as recorded:
         compiled(ids, ids).backward()

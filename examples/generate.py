@@ -10,9 +10,10 @@ The tiny LlamaForCausalLM is random-initialised; --train_steps (default 40) eage
 examples/data/tiny_corpus.txt first give the greedy continuation some of the corpus' words.
 
 The KV-cache update is an input mutation of the cache buffers (`index_copy_` at the cache position along
-the sequence dim). In the compiled step it is an `index_put` over dim 2, which runs in a gather_rows
-kernel, then an in-place `copy_` back into the cache buffer, which runs in a copy kernel. The summary at
-the end lists every host fallback (none are expected: the whole decoding step runs in NKI kernels).
+the sequence dim). In the compiled step it is an `index_put` over dim 2, which runs in a row-op kernel
+(an indirect-DMA scatter, or one-hot matmuls where the cost model finds them cheaper), then an
+in-place `copy_` back into the cache buffer, which runs in a copy kernel. The summary at the end lists
+every host fallback (none are expected: the whole decoding step runs in NKI kernels).
 """
 
 from __future__ import annotations

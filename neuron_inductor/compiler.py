@@ -204,7 +204,8 @@ def compile_and_build(gm: fx.GraphModule, fallback_mode: str, toolchain: Toolcha
         artifact.meta["timings"]["compile"] = time.perf_counter() - start
         start = time.perf_counter()
         # The interpreter checks the rules before first use whichever toolchain runs the kernels.
-        checked = kernels if toolchain.name == "simulator" else build_kernels(SimulatorToolchain(), artifact)
+        # (for the target the kernels were planned for, not the interpreter's default)
+        checked = kernels if toolchain.name == "simulator" else build_kernels(SimulatorToolchain(target), artifact)
         try:
             artifact.meta["estimates"] = check_kernels(checked, artifact.kernel_sources, lowered, target, verdicts)
         except KernelRuleViolation as violation:
@@ -219,28 +220,39 @@ def compile_and_build(gm: fx.GraphModule, fallback_mode: str, toolchain: Toolcha
         return artifact, lowered, kernels
 
 
+@dataclass(eq=False)
 class Program:
     """A loaded artifact: call with the graph's (static-shape) inputs, get its outputs.
 
-    `kernels` are the artifact's kernels when the caller has just built them (a fresh compile);
-    otherwise (a cache hit) the toolchain builds them from the stored source. `static_gm` is the
-    static-shape graph it was compiled from (None when unknown) and `lowered` its lowering (None on
-    a cache hit, which skips lowering): what observers read."""
+    `kernels` holds the artifact's kernels by name: the wrapper calls `kernels.<name>(...)`
+    (observers may wrap them for a first call). `static_gm` is the static-shape graph it was
+    compiled from and `lowered` its lowering: what observers read; both are None on a cache hit,
+    which skips lowering (`static_gm` is kept when the wrapper needs its constants). Build one with
+    `Program.load`."""
 
-    def __init__(self, artifact: CompiledArtifact, toolchain: Toolchain, constants: dict[str, torch.Tensor],
-                 kernels: dict[str, Callable] | None = None, static_gm: fx.GraphModule | None = None,
-                 lowered: LoweredGraph | None = None) -> None:
-        self.artifact = artifact
-        self.static_gm = static_gm
-        self.lowered = lowered
+    artifact: CompiledArtifact
+    kernels: SimpleNamespace
+    constants: dict[str, torch.Tensor]
+    static_gm: fx.GraphModule | None = None
+    lowered: LoweredGraph | None = None
+    _run: Callable = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        namespace: dict[str, Any] = {}
+        exec(compile(self.artifact.wrapper_source, "<neuron_inductor wrapper>", "exec"), namespace)
+        self._run = namespace["run"]
+
+    @classmethod
+    def load(cls, artifact: CompiledArtifact, toolchain: Toolchain, constants: dict[str, torch.Tensor],
+             kernels: dict[str, Callable] | None = None, static_gm: fx.GraphModule | None = None,
+             lowered: LoweredGraph | None = None) -> Program:
+        """`kernels` are the artifact's kernels when the caller has just built them (a fresh compile);
+        otherwise (a cache hit) `toolchain` builds them from the stored source. `constants` holds at
+        least the artifact's constants, by name."""
         if kernels is None:
             kernels = build_kernels(toolchain, artifact)
-        # Kernels by attribute name: the wrapper calls `kernels.<name>(...)` (observers may wrap them).
-        self.kernels = SimpleNamespace(**kernels)
-        namespace: dict[str, Any] = {}
-        exec(compile(artifact.wrapper_source, "<neuron_inductor wrapper>", "exec"), namespace)
-        self._run = namespace["run"]
-        self._constants = {name: constants[name] for name in artifact.constants}
+        return cls(artifact, SimpleNamespace(**kernels), {name: constants[name] for name in artifact.constants},
+                   static_gm, lowered)
 
     def __call__(self, args: list) -> Any:
-        return self._run(list(args), self.kernels, self._constants)
+        return self._run(list(args), self.kernels, self.constants)

@@ -10,13 +10,12 @@ def reset() -> None:
     (the next dump makes a new one) and the kernels rebuilt for users' nki_ops. Users' nki_op
     definitions stay registered. Dynamo's own caches are `torch._dynamo.reset()`'s.
     """
-    from . import cache, generalize, runtime
+    from . import cache, generalize
     from .codegen import render
     from .nki_ops import sources, wrap
     from .observe import cache_events, dump, hooks, session
 
     session.clear()
-    runtime.COMPILED_PROGRAMS.clear()
     hooks._PENDING.clear()
     cache_events._seen.clear()
     cache._caches.clear()

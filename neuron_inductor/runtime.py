@@ -32,7 +32,7 @@ import torch.fx as fx
 
 from . import bucketing, generalize, nki_ops, observe
 from .bucketing import Bucket, BucketPolicy, evaluate, shape_exprs, size_expr
-from .cache import base_key_parts, get_cache
+from .cache import base_key_parts, get_cache, key_of
 from .compiler import CompiledArtifact, Program, compile_and_build
 from .config import NeuronConfig
 from .lowering.graph import LoweredGraph
@@ -41,9 +41,6 @@ from .passes.pad_safety import PadSafeRewrite
 from .toolchain import select_toolchain
 
 log = logging.getLogger("neuron_inductor")
-
-# Every program compiled or loaded in this process, in order: what `neuron_inductor.report()` reads.
-COMPILED_PROGRAMS: list[dict[str, Any]] = []
 
 
 def graph_structure_hash(gm: fx.GraphModule, example_inputs: list) -> str:
@@ -151,6 +148,9 @@ class GraphRunner:
         self.graph_hash = graph_structure_hash(gm, example_inputs)
         self.toolchain = select_toolchain(config.toolchain, config.target)
         self.programs: dict[tuple, Program] = {}
+        # The record of each program compiled or loaded here that has not run yet (observe/ gets it
+        # with the program's first call).
+        self._first_calls: dict[tuple, observe.ProgramRecord] = {}
         self.input_specs = [_value_spec(v) for v in example_inputs]
         self.input_dtypes = [str(v.dtype) for v in example_inputs if isinstance(v, torch.Tensor)]
         self.output_specs = _output_specs(gm)
@@ -168,7 +168,8 @@ class GraphRunner:
         if config.raise_recompile_limit:
             bucketing.raise_recompile_limit(self.policy)
         bucketing.watch_recompile_limit()
-        observe.on_graph_runner(self)
+        self.record = observe.GraphRecord(kind, self.graph_hash, gm, config)  # what observers get of this graph
+        observe.on_graph_runner(self.record)
 
     # -- planning ----------------------------------------------------------------------------
 
@@ -273,7 +274,7 @@ class GraphRunner:
         constants = {}
         if artifact.constants:
             constants = {name: getattr(static_gm, name) for name in artifact.constants}
-        return Program(artifact, self.toolchain, constants, kernels, static_gm, lowered)
+        return Program.load(artifact, self.toolchain, constants, kernels, static_gm, lowered)
 
     def _compile(self, plan: CallPlan, inputs: list) -> Program:
         start = time.perf_counter()
@@ -293,16 +294,21 @@ class GraphRunner:
         if program is not None:
             return program
         cache = get_cache(self.config.cache_dir, self.config.cache_secret)
+        parts = self.key_parts(plan)
         artifact, program, source = cache.get_or_compile(
-            self.key_parts(plan), plan.label, lambda: (lambda p: (p.artifact, p))(self._compile(plan, inputs)))
+            parts, plan.label, lambda: (lambda p: (p.artifact, p))(self._compile(plan, inputs)))
         if program is None:
             static_gm = self._static_gm(plan, inputs) if artifact.constants else None
             program = self._load_program(artifact, static_gm)
         self.programs[plan.signature] = program
         self._report_fallbacks(artifact)  # compiled now or loaded from the cache alike
-        COMPILED_PROGRAMS.append({"graph": self.graph_hash, "kind": self.kind, "signature": plan.label,
-                                  "source": source, "artifact": artifact})
-        observe.on_program_compiled(self, program, plan.signature, args)
+        record = observe.ProgramRecord(
+            graph=self.record, signature=plan.signature, label=plan.label, bucket=plan.bucket,
+            crossing_sizes=self.padded_sizes(plan) if plan.bucket is not None else None,
+            input_specs=list(self.input_specs), output_specs=list(self.output_specs), key=key_of(parts),
+            key_parts=parts, source=source, cache=cache, program=program)
+        self._first_calls[plan.signature] = record
+        observe.on_program_compiled(record, args)
         return program
 
     def _report_fallbacks(self, artifact: CompiledArtifact) -> None:
@@ -322,4 +328,4 @@ class GraphRunner:
         def execute() -> list:
             return self.finish(plan, program(inputs), args, inputs)
 
-        return observe.on_run(self, program, args, execute)
+        return observe.on_run(self._first_calls.pop(plan.signature, None), args, execute)

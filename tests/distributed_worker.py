@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 
 import neuron_inductor
-from neuron_inductor.runtime import COMPILED_PROGRAMS
+from neuron_inductor.observe.session import BUCKETS
 from neuron_inductor.testing import TinyLlama, TinyLlamaConfig
 
 # vocab 4096: the LM head alone (1 MB) fills the first 1 MB DDP bucket, so Dynamo's DDPOptimizer
@@ -138,7 +138,7 @@ def train(mode: str, backend: str = "neuron") -> dict:
         if shares > 1:  # (tensor-parallel peers hold equal losses: the world's mean is the shares' mean)
             dist.all_reduce(mean_loss, op=dist.ReduceOp.AVG)
         losses.append(mean_loss.item())
-    forward_graphs = sum(1 for program in COMPILED_PROGRAMS if program["kind"] == "forward")
+    forward_graphs = sum(1 for program in BUCKETS if program.aot.kind == "forward")
     report = neuron_inductor.report()
     return {"rank": rank, "world": world, "losses": losses, "param_norms": full_parameter_norms(model),
             "forward_graphs": forward_graphs, "cache": neuron_inductor.cache_stats(),

@@ -176,7 +176,7 @@ def test_data_dependent_sizes_fall_back_visibly_and_match_eager(caplog):
 
 def test_allocations_are_host_steps_not_fallbacks():
     """An uninitialised buffer (`new_empty`) is reserved by the host wrapper: no math, no fallback."""
-    from neuron_inductor import runtime
+    from neuron_inductor.observe import session
 
     def f(x):
         buf = x.new_empty((x.shape[0], 2 * x.shape[1]))
@@ -185,11 +185,11 @@ def test_allocations_are_host_steps_not_fallbacks():
         return buf * 2
 
     x = torch.randn(5, 7)
-    first = len(runtime.COMPILED_PROGRAMS)
+    first = len(session.BUCKETS)
     torch.testing.assert_close(torch.compile(f, backend="neuron")(x), f(x), rtol=1e-5, atol=1e-6)
-    (program,) = runtime.COMPILED_PROGRAMS[first:]
-    assert "# allocation: no data moves" in program["artifact"].wrapper_source
-    assert not any("empty" in fallback["op"] for fallback in program["artifact"].meta["fallbacks"])
+    (program,) = session.BUCKETS[first:]
+    assert "# allocation: no data moves" in program.artifact.wrapper_source
+    assert not any("empty" in fallback["op"] for fallback in program.artifact.meta["fallbacks"])
 
 
 def _mlp_with_grads():
@@ -296,18 +296,18 @@ def test_llama_training_step_runs_in_kernels_with_no_fallback():
     FlopCounterMode counts for the eager step (less the causal-masked half of attention)."""
     from torch.utils.flop_counter import FlopCounterMode
 
-    from neuron_inductor import runtime
+    from neuron_inductor.observe import session
     from neuron_inductor.testing import TinyLlama, TinyLlamaConfig
 
     aten = torch.ops.aten
     config = TinyLlamaConfig(vocab_size=256, dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=176)
     ids = torch.randint(0, config.vocab_size, (2, 128), generator=torch.Generator().manual_seed(0))
-    first = len(runtime.COMPILED_PROGRAMS)
+    first = len(session.BUCKETS)
     compiled = torch.compile(TinyLlama(config), backend="neuron")
     compiled(ids, ids).backward()
-    programs = runtime.COMPILED_PROGRAMS[first:]
-    assert {p["kind"] for p in programs} == {"forward", "backward"}
-    assert [f for p in programs for f in p["artifact"].meta["fallbacks"]] == []
+    programs = session.BUCKETS[first:]
+    assert {p.aot.kind for p in programs} == {"forward", "backward"}
+    assert [f for p in programs for f in p.artifact.meta["fallbacks"]] == []
     with sim.trace() as recorded:
         compiled(ids, ids).backward()
     with FlopCounterMode(display=False) as counter:

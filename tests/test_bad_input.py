@@ -18,7 +18,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from neuron_inductor import config, runtime
+from neuron_inductor import config
+from neuron_inductor.observe import session
 from neuron_inductor.toolchain.neuron import ToolchainUnavailable
 
 
@@ -127,7 +128,7 @@ def _assert_host_fallback_like_eager(fn, x: torch.Tensor, dtype_name: str, caplo
         got = torch.compile(fn, backend="neuron")(x)
     want = fn(x)
     assert got.dtype == want.dtype and torch.equal(got, want)  # the same ATen calls on the host: bit-exact
-    meta = runtime.COMPILED_PROGRAMS[-1]["artifact"].meta
+    meta = session.BUCKETS[-1].artifact.meta
     assert meta["kernels"] == [] and meta["fallbacks"]  # nothing of it ran in an (fp32) kernel
     fallback_lines = [line for line in caplog.text.splitlines() if "runs eagerly on the host" in line]
     assert len(fallback_lines) == len(meta["fallbacks"])

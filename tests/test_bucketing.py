@@ -11,7 +11,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from neuron_inductor import bucketing, runtime
+from neuron_inductor import bucketing
+from neuron_inductor.observe import session
 from neuron_inductor.bucketing import BucketPolicy, pad_tensor, slice_tensor
 
 
@@ -90,14 +91,14 @@ def test_bucketed_kernels_match_eager(lengths, tmp_path_factory):
     for n in lengths:
         x = torch.randn(2, n, 8, generator=torch.Generator().manual_seed(n))
         torch._dynamo.mark_dynamic(x, 1)
-        before = len(runtime.COMPILED_PROGRAMS)
+        before = len(session.BUCKETS)
         out = compiled(x)
         expected = _kernel_fn(x)
         for a, e in zip(out, expected):
             assert torch.allclose(a, e, rtol=1e-5, atol=1e-5), (n, (a - e).abs().max())
-        for entry in runtime.COMPILED_PROGRAMS[before:]:
-            assert not entry["signature"].startswith(("exact", "static"))
-            assert entry["artifact"].meta["kernels"], "expected generated kernels, not only host steps"
+        for entry in session.BUCKETS[before:]:
+            assert not entry.plan.startswith(("exact", "static"))
+            assert entry.artifact.meta["kernels"], "expected generated kernels, not only host steps"
 
 
 def _kernel_fn(x):

@@ -17,7 +17,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from neuron_inductor import runtime
+from neuron_inductor.observe import session
 
 DIM, HEADS = 16, 2
 # 24 and 40 share bucket 128 (the second call is the first symbolic / fitted one), 136 is in 256.
@@ -68,7 +68,7 @@ def _train_step(model: nn.Module, step, x: torch.Tensor, weights: torch.Tensor, 
 def _compare_over_lengths(model: CheckpointedAttention, dynamic, tmp_path) -> list[str]:
     """Checks every length against eager; returns the signatures of the programs compiled on the way."""
     compiled = torch.compile(model, backend="neuron", dynamic=dynamic, options={"cache_dir": str(tmp_path)})
-    before = len(runtime.COMPILED_PROGRAMS)
+    before = len(session.BUCKETS)
     for length in LENGTHS:
         generator = torch.Generator().manual_seed(length)
         x, weights = torch.randn(2, length, DIM, generator=generator), torch.rand(2, length, DIM, generator=generator)
@@ -82,7 +82,7 @@ def _compare_over_lengths(model: CheckpointedAttention, dynamic, tmp_path) -> li
             else:
                 assert torch.allclose(got, want, rtol=1e-5, atol=1e-5), \
                     f"length {length}, {name}: max error {(got - want).abs().max()}"
-    return [p["signature"] for p in runtime.COMPILED_PROGRAMS[before:]]
+    return [p.plan for p in session.BUCKETS[before:]]
 
 
 @pytest.mark.parametrize("dynamic", [None, True, False])

@@ -126,7 +126,6 @@ def test_functional_collectives_are_communication_steps_not_fallbacks(tmp_path, 
     import neuron_inductor
     from neuron_inductor import config
     from neuron_inductor.observe import session
-    from neuron_inductor.runtime import COMPILED_PROGRAMS
 
     monkeypatch.setenv("NEURON_INDUCTOR_CACHE_DIR", str(tmp_path / "cache"))
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
@@ -150,7 +149,7 @@ def test_functional_collectives_are_communication_steps_not_fallbacks(tmp_path, 
         ran = {op.split(".")[1] for op in report.collectives}
         assert {"all_reduce", "all_gather_into_tensor", "reduce_scatter_tensor", "wait_tensor"} <= ran, ran
         assert "communication step(s)" in str(report)
-        assert "# communication: through the process group" in COMPILED_PROGRAMS[-1]["artifact"].wrapper_source
+        assert "# communication: through the process group" in session.BUCKETS[-1].artifact.wrapper_source
     finally:
         dist.destroy_process_group()
         torch._dynamo.reset()

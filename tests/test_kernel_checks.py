@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from neuron_inductor import cache as cache_module
-from neuron_inductor import config, generalize, kernel_checks, runtime, sim
+from neuron_inductor import config, generalize, kernel_checks, sim
+from neuron_inductor.observe import session
 
 
 def _scaled_softmax(x, w):
@@ -41,8 +42,8 @@ def _compile_and_run(x, w) -> dict:
     torch.testing.assert_close(out, _scaled_softmax(x, w), rtol=1e-5, atol=1e-6)
     (cache,) = cache_module._caches.values()
     checks = cache.checks.stats
-    return {"estimates": runtime.COMPILED_PROGRAMS[-1]["artifact"].meta["estimates"], "checks": checks,
-            "kernels": len(runtime.COMPILED_PROGRAMS[-1]["artifact"].kernel_sources)}
+    return {"estimates": session.BUCKETS[-1].artifact.meta["estimates"], "checks": checks,
+            "kernels": len(session.BUCKETS[-1].artifact.kernel_sources)}
 
 
 def test_a_later_process_reuses_the_verdicts_and_their_estimates(new_process):

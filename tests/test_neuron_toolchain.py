@@ -14,7 +14,7 @@ import types
 import pytest
 import torch
 
-from neuron_inductor import sim
+from neuron_inductor import compiler, sim
 from neuron_inductor.compiler import Program, compile_and_build
 from neuron_inductor.toolchain.neuron import LNC_ENV, NeuronToolchain, ToolchainUnavailable
 
@@ -141,10 +141,21 @@ def test_generated_graph_runs_under_the_calling_convention(fake_nki, monkeypatch
     assert set(artifact.meta["estimates"]) == set(artifact.kernel_sources)  # the rule check ran on each
     assert any(spec.output_argument for spec in lowered.kernels)
     buf = args[3].clone()
-    got = Program(artifact, toolchain, {}, kernels)([args[0], args[1], args[2], buf])
+    got = Program.load(artifact, toolchain, {}, kernels)([args[0], args[1], args[2], buf])
     for g, e in zip(got, expected):
         torch.testing.assert_close(g, e)
     torch.testing.assert_close(buf, expected_buf)
     assert fake.launches and all(launch["tensors"] >= 1 and launch["contiguous"] and launch["lnc"] == 2
                                  and launch["devices"] == {torch.device("cpu")} for launch in fake.launches)
     assert set(fake.sources) == set(artifact.kernel_sources)
+
+
+def test_the_rule_check_runs_for_the_kernels_target(fake_nki, monkeypatch):
+    """Under the neuron toolchain the interpreter still checks every kernel first, with the rules
+    and capacities of the target the kernels were planned for."""
+    fake = fake_nki("cpu")
+    built, interpreter = [], compiler.SimulatorToolchain
+    monkeypatch.setattr(compiler, "SimulatorToolchain", lambda target: built.append(target) or interpreter(target))
+    gm = aten_graph(lambda x: (torch.softmax(x, -1) * 2,), torch.randn(4, 8))
+    artifact, _, _ = compile_and_build(gm, "error", NeuronToolchain(fake, torch.device("cpu")), "trn3")
+    assert built == ["trn3"] and set(artifact.meta["estimates"]) == set(artifact.kernel_sources)

@@ -411,3 +411,26 @@ def test_inspect_kernels_example_runs(tmp_path):
     assert run.returncode == 0, run.stderr
     assert "verify: matches eager" in run.stdout and "result matches the saved outputs" in run.stdout
     assert len(_bucket_folders(tmp_path)) == 2
+
+
+def test_observers_only_read_the_records_they_are_given():
+    """observe/ never reaches back into the pipeline: it imports neither the runtime, the cache nor
+    the compiler (type names under TYPE_CHECKING aside), and nothing inside a function (the late
+    import that dodges an import cycle)."""
+    import ast
+
+    pipeline = {"runtime", "cache", "compiler", "backend"}
+    offenders = []
+    for path in sorted((Path(neuron_inductor.__file__).parent / "observe").glob("*.py")):
+        tree = ast.parse(path.read_text())
+        typing_only = {id(n) for node in tree.body if isinstance(node, ast.If) and getattr(node.test, "id", "") ==
+                       "TYPE_CHECKING" for n in ast.walk(node)}
+        for node in ast.walk(tree):
+            if not isinstance(node, (ast.Import, ast.ImportFrom)) or id(node) in typing_only:
+                continue
+            names = [node.module or ""] if isinstance(node, ast.ImportFrom) else [a.name for a in node.names]
+            modules = {part for name in names for part in name.split(".")} | (
+                {a.name for a in node.names} if isinstance(node, ast.ImportFrom) and node.level == 2 else set())
+            if modules & pipeline or node.col_offset > 0:
+                offenders.append(f"{path.name}:{node.lineno}: {ast.unparse(node)}")
+    assert not offenders, offenders

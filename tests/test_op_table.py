@@ -10,7 +10,7 @@ from neuron_inductor.decompositions import neuron_decompositions
 from neuron_inductor.lowering import registry
 from neuron_inductor.lowering.context import LoweringContext
 from neuron_inductor.lowering.graph import lower_graph
-from neuron_inductor.passes import pad_safety
+from neuron_inductor.passes import pad_rules, pad_safety
 
 aten = torch.ops.aten
 
@@ -35,8 +35,8 @@ def test_deliberate_fallbacks_have_no_lowering_and_are_not_host_steps():
 def test_pad_rules_win_over_the_row_local_default():
     # slice is a view (row-local) but counts negative bounds from the real end: its own rule applies
     assert pad_safety.rule_for(aten.slice.Tensor) is registry.PAD_RULES[aten.slice.Tensor].rule
-    assert pad_safety.rule_for(aten.add.Tensor) is pad_safety._Rewriter.row_local_or_deny
-    assert pad_safety.rule_for(aten.randn.default) is pad_safety._Rewriter.random
+    assert pad_safety.rule_for(aten.add.Tensor) is pad_rules.row_local_or_deny
+    assert pad_safety.rule_for(aten.randn.default) is pad_rules.random_op
 
 
 def test_linear_decomposes_to_a_lowered_matmul_even_when_traced_before_dispatch():

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from neuron_inductor import runtime
+from neuron_inductor.observe import session
 from neuron_inductor.passes.pad_safety import make_pad_safe
 from tests.host_lowering import host_only  # noqa: F401  (fixture)
 from neuron_inductor.testing import TinyLlama, TinyLlamaConfig
@@ -172,13 +172,13 @@ def _check_lengths(case: Case, compiled, lengths: list[int]) -> list[str]:
         inputs = case.make(n, torch.Generator().manual_seed(n))
         for index, dim in case.dynamic:
             torch._dynamo.mark_dynamic(inputs[index], dim)
-        before = len(runtime.COMPILED_PROGRAMS)
+        before = len(session.BUCKETS)
         expected_out, expected_grads = _run(case.fn, inputs)
         actual_out, actual_grads = _run(compiled, inputs)
         for actual, expected in zip(actual_out + actual_grads, expected_out + expected_grads):
             assert actual.shape == expected.shape, f"length {n}: shape {actual.shape} != {expected.shape}"
             assert _close(actual, expected), f"length {n}: max error {(actual - expected).abs().max()}"
-        seen += [p["signature"] for p in runtime.COMPILED_PROGRAMS[before:]]
+        seen += [p.plan for p in session.BUCKETS[before:]]
     return seen
 
 
@@ -262,7 +262,7 @@ def test_llama_loss_gradients_and_last_token_logits(lengths, llama, host_only, t
         labels[:, : n // 3] = -100
         torch._dynamo.mark_dynamic(ids, 1)
         torch._dynamo.mark_dynamic(labels, 1)
-        before = len(runtime.COMPILED_PROGRAMS)
+        before = len(session.BUCKETS)
         llama.zero_grad()
         loss = compiled(ids, labels)
         loss.backward()
@@ -276,7 +276,7 @@ def test_llama_loss_gradients_and_last_token_logits(lengths, llama, host_only, t
         with torch.no_grad():
             last = compiled(ids)[:, -1]
             assert torch.allclose(last, llama(ids)[:, -1], rtol=1e-5, atol=1e-5)
-        assert all(not p["signature"].startswith(("exact", "static")) for p in runtime.COMPILED_PROGRAMS[before:])
+        assert all(not p.plan.startswith(("exact", "static")) for p in session.BUCKETS[before:])
 
 
 def test_unsafe_op_is_reported_by_name():

@@ -21,7 +21,8 @@ from hypothesis import strategies as st
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from neuron_inductor import cache as cache_module
-from neuron_inductor import config, generalize, runtime
+from neuron_inductor import config, generalize
+from neuron_inductor.observe import session
 from neuron_inductor.bucketing import BucketPolicy
 from neuron_inductor.cache import cache_stats
 from neuron_inductor.testing import TinyLlama, TinyLlamaConfig
@@ -77,7 +78,7 @@ def _compile_static(fn, tmp_path):
 
 def _compiled_buckets(before: int) -> list[str]:
     """What each program compiled since `before` runs at: "static" or its bucket size (symbol names vary)."""
-    return [p["signature"].split("=")[-1] for p in runtime.COMPILED_PROGRAMS[before:] if p["source"] == "compiled"]
+    return [p.plan.split("=")[-1] for p in session.BUCKETS[before:] if p.source == "compiled"]
 
 
 def test_a_length_outside_the_fit_runs_exact_and_correct(host_only, tmp_path):
@@ -85,7 +86,7 @@ def test_a_length_outside_the_fit_runs_exact_and_correct(host_only, tmp_path):
     is no instance of that form (41 != 49), so it runs at exact shapes and stays right."""
     fn = lambda x: x.softmax(1) * (x.shape[1] ** 2)  # noqa: E731
     compiled = _compile_static(fn, tmp_path)
-    before = len(runtime.COMPILED_PROGRAMS)
+    before = len(session.BUCKETS)
     for n in (3, 5, 7):
         x = torch.randn(2, n, 4, generator=torch.Generator().manual_seed(n))
         assert torch.allclose(compiled(x), fn(x), rtol=1e-5), n
@@ -108,7 +109,7 @@ class _StaticLlama:
         self.model, self.reference = TinyLlama(self.cfg), TinyLlama(self.cfg)
         self.compiled = _compile_static(self.model, tmp_path)
         self.lengths: list[int] = []
-        self.before = len(runtime.COMPILED_PROGRAMS)
+        self.before = len(session.BUCKETS)
 
 
 _LLAMA: dict[str, _StaticLlama] = {}
@@ -145,7 +146,7 @@ def test_real_kernels_static_training_matches_eager(tmp_path):
     cfg = _StaticLlama.cfg
     model, reference = TinyLlama(cfg), TinyLlama(cfg)
     compiled = _compile_static(model, tmp_path)
-    before = len(runtime.COMPILED_PROGRAMS)
+    before = len(session.BUCKETS)
     for n in (5, 9, 100, 131):
         ids = torch.randint(0, cfg.vocab_size, (2, n), generator=torch.Generator().manual_seed(n))
         loss, grads = _llama_step(compiled, ids)
@@ -154,8 +155,8 @@ def test_real_kernels_static_training_matches_eager(tmp_path):
         for grad, expected in zip(grads, expected_grads):
             assert torch.allclose(grad, expected, rtol=1e-5, atol=1e-6 * expected.abs().max().item()), n
     assert _compiled_buckets(before) == ["static", "static", "128", "128", "256", "256"]
-    padded = [p for p in runtime.COMPILED_PROGRAMS[before:] if p["signature"] != "static"]
-    assert all(p["artifact"].meta["kernels"] for p in padded), "expected generated kernels, not only host steps"
+    padded = [p for p in session.BUCKETS[before:] if p.plan != "static"]
+    assert all(p.artifact.meta["kernels"] for p in padded), "expected generated kernels, not only host steps"
 
 
 def _softmax_twice(x):
@@ -222,7 +223,7 @@ def test_hugging_face_llama_with_padding_mask_reuses_bucket_kernels(host_only, t
     model, reference = transformers.LlamaForCausalLM(cfg), transformers.LlamaForCausalLM(cfg)
     reference.load_state_dict(model.state_dict())
     compiled = _compile_static(model, tmp_path)
-    before = len(runtime.COMPILED_PROGRAMS)
+    before = len(session.BUCKETS)
     for n in (5, 9, 30, 131):
         ids = torch.randint(0, 64, (2, n), generator=torch.Generator().manual_seed(n))
         mask = torch.ones(2, n, dtype=torch.long)

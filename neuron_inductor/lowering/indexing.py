@@ -1,24 +1,34 @@
-"""Indexing (families `gather_rows`, `gather_lanes`, `gather_columns`, one template per kernel
-shape): row gathers and scatter-adds through one-hot matmuls, and gathers / scatters along the
-last dim (lanes) or another dim (columns) through lane masks.
+"""Indexing (families `gather_indirect`, `gather_rows`, `gather_lanes`, `gather_columns`, one
+template per kernel shape): row gathers and scatters by indirect DMA or one-hot matmuls, and
+gathers / scatters along the last dim (lanes) or another dim (columns) through lane masks.
 
 Row ops (`mode` "row_gather" / "row_scatter"): embedding, index_select, index.Tensor with integer
 index tensors on consecutive dims (broadcast against each other), embedding_dense_backward,
 index_put with integer indices on consecutive dims (the static KV cache's write at dim 2 of
 [B, H, S, D]). The kernel views the table as [outer, rows, inner] (the dims before, at and after the
 indexed ones; several indexed dims flatten into one row number, sum(index_k * stride_k)) and the
-result as [outer, *ids, inner], and handles one outer index at a time. On hardware a row gather is
-an indirect DMA (`dma_copy` with `.ap(vector_offset=...)`); our interpreter has no indirect DMA, so
-the kernels use the TensorE formulation instead, which is exact and runs unchanged on the device
-but costs O(rows) per token tile -- right for small tables, not for 100k-row vocabularies:
-  gather:       out[T, I]  = onehot(ids)[T, V] @ W[V, I]    (one-hot built transposed, [V, T])
-  scatter-add:  dW[V, I]  += onehot(ids)^T[V, T] @ dY[T, I]  (duplicates accumulate in PSUM)
-Gathers and replacing scatters move W's / the values' bits through the matmul (TABLE_KINDS), so no
-0 * inf happens; a scatter-add multiplies the values themselves, so an inf / NaN in dY still turns
-the other rows of its column into NaN.
-Integer and bool tables are gathered exactly too. Token ids are compared in fp32
-(exact below 2**24). Negative ids count back from the end of their dim, as in eager; out-of-range
-ids match no row: a gather returns zeros and a scatter drops the row (PyTorch raises).
+result as [outer, *ids, inner]. Negative ids count back from the end of their dim, as in eager.
+Each row op takes one of two formulations; `row_path.choose` picks the one the cost model says is
+cheaper, and logs both estimates:
+
+- `gather_indirect` (any table size): a gather is an indirect DMA, `dma_copy` from
+  `table.ap(vector_offset=row numbers)`, which copies bits (exact for every dtype, inf / NaN
+  included). A scatter first writes zeros (or base) to the whole output, then per token tile
+  merges duplicate rows on chip (a [tokens, tokens] same-row mask) so that each indirect write
+  names a row once, as dma_compute requires: a scatter-add adds the merged sums (mask @ values in
+  fp32 PSUM) with `dma_compute`, a replacing scatter writes the last value of each row with
+  `dma_copy` (the last write wins, as in eager's sequential index_put on the CPU).
+- `gather_rows` (tiny tables): the TensorE formulation, O(rows) per token tile:
+    gather:       out[T, I]  = onehot(ids)[T, V] @ W[V, I]    (one-hot built transposed, [V, T])
+    scatter-add:  dW[V, I]  += onehot(ids)^T[V, T] @ dY[T, I]  (duplicates accumulate in PSUM)
+  Gathers and replacing scatters move W's / the values' bits through the matmul (TABLE_KINDS), so
+  no 0 * inf happens; a scatter-add multiplies the values themselves, so an inf / NaN in dY still
+  turns the other rows of its column into NaN. Token ids are compared in fp32 (exact below 2**24).
+
+Out-of-range ids (outside [-size, size)) cannot raise inside a kernel: on both paths they match
+no row, so a gather returns zeros and a scatter drops the token (PyTorch raises IndexError). With
+several index tensors each one is checked against its own dim (an id out of range in one index
+makes the row number negative rather than naming another row).
 
 Lane ops (`mode` "lane_gather" / "lane_scatter"): gather / scatter.value / scatter.src /
 scatter_add along the last dim of a tensor of rank >= 2 with an index of the same leading shape
@@ -27,7 +37,12 @@ partitions; each index column becomes an int32 lane mask (all ones where `iota =
 the free axis, and values move as their fp32 bits under it: a gather sums x's masked bits (the
 indexed lane's value plus +0.0s), a scatter bit-selects the new value into its lanes. Infinities
 and NaN therefore land exactly where eager puts them and never spread along the row (0 * inf
-never happens). A gathered -0.0 may come back as +0.0.
+never happens). A gathered -0.0 may come back as +0.0. A gather or scatter along the last dim
+may instead take `gather_indirect` (row_path decides by the cost model; it wins for all but tiny
+widths): x is viewed as one-element rows and each index column is one indirect DMA of the
+elements r * C + index (exact bits, -0.0 kept); a scatter first copies x to the output, then
+writes (dma_copy) or adds (dma_compute, scatter_add) each column in order. An index outside
+[0, C) reads or writes nothing on both paths (a gather gives 0), where eager raises.
 
 Column ops (`mode` "column_gather" / "column_scatter"): the same along any other dim, with an
 index matching the input in every other dim. x is viewed as [outer, size, inner]: the indexed dim
@@ -46,13 +61,13 @@ import torch.fx as fx
 from .common import arg, float32_bits, val
 from .context import LoweringContext, TileSizes
 from .ir import KernelSpec, Unsupported
-from .reduction import EXACT_INT_LIMIT, FREE_MAX, walk_dims
+from . import row_path
+from .reduction import EXACT_INT_LIMIT, walk_dims
 from .registry import register_lowering
 
 aten = torch.ops.aten
 
-# lanes per tile of a lane op: up to eight [rows, lanes] fp32 tiles are live at once
-LANE_FMAX = FREE_MAX // 4
+LANE_FMAX = row_path.LANE_FMAX  # lanes per tile of a lane op
 
 
 # How a row gather moves each table dtype through its fp32 one-hot matmul, exactly (a product
@@ -74,14 +89,15 @@ def _token_dims(tile: TileSizes, ids_shape, width: int, width_limit: int) -> lis
     return [d.as_param() for d in walk_dims(tile, shape, set(), p_group, f_group, width_limit)]
 
 
-def _row_dims(tile: TileSizes, outer: int, ids_shape, inner: int, p_group=None) -> list[dict]:
+def _row_dims(tile: TileSizes, outer: int, ids_shape, inner: int, p_group, free_limit: int) -> list[dict]:
     """Walk of [outer, *ids_shape, inner] (a row op's result viewed around its ids): outer indices
-    one at a time, ids dims on partitions (`p_group`, default all of them), inner on the free axis."""
+    one at a time, ids dims on partitions (`p_group`, default all of them), inner on the free axis
+    in chunks of up to `free_limit`."""
     shape = [outer] + [int(s) for s in ids_shape] + [inner]
     if p_group is None:
         p_group = [1 + d for d, s in enumerate(ids_shape) if s > 1]
     f_group = [len(shape) - 1] if inner > 1 else []
-    return [d.as_param() for d in walk_dims(tile, shape, set(), p_group, f_group, tile.psum_fmax)]
+    return [d.as_param() for d in walk_dims(tile, shape, set(), p_group, f_group, free_limit)]
 
 
 def _check_indices(indices: list[torch.Tensor]) -> None:
@@ -90,10 +106,11 @@ def _check_indices(indices: list[torch.Tensor]) -> None:
             raise Unsupported(f"indices of dtype {i.dtype}")
 
 
-def _row_params(tile: TileSizes, mode: str, table: torch.Tensor, first: int, indices: list[torch.Tensor]) -> dict:
+def _row_params(tile: TileSizes, mode: str, table: torch.Tensor, first: int, indices: list[torch.Tensor],
+                free_limit: int | None = None) -> dict:
     """Geometry of a row op on `table` indexed by `indices` on its dims first, first + 1, ...:
     the table is viewed as [outer, rows, inner] (rows = the indexed dims flattened) and the result
-    as [outer, *ids, inner]."""
+    as [outer, *ids, inner], its inner dim walked in chunks of up to `free_limit`."""
     _check_indices(indices)
     if mode == "row_scatter" and not table.dtype.is_floating_point:
         raise Unsupported(f"row scatters into a {table.dtype} tensor")
@@ -108,11 +125,12 @@ def _row_params(tile: TileSizes, mode: str, table: torch.Tensor, first: int, ind
     if outer * rows * inner == 0 or math.prod(ids_shape) == 0:
         raise Unsupported("a row op on an empty tensor")
     if len(indices) == 1:
-        dims, strides = _row_dims(tile, outer, ids_shape, inner), []
+        dims, strides = _row_dims(tile, outer, ids_shape, inner, None, free_limit or tile.psum_fmax), []
     else:
         # several broadcast index tensors: each tile covers part of the last ids dim, where an
         # index either varies (a slice of it) or is broadcast (one value for the whole tile)
-        dims = _row_dims(tile, outer, ids_shape, inner, [len(ids_shape)] if ids_shape[-1] > 1 else [])
+        dims = _row_dims(tile, outer, ids_shape, inner, [len(ids_shape)] if ids_shape[-1] > 1 else [],
+                         free_limit or tile.psum_fmax)
         strides = [math.prod(shape[d + 1:last]) for d in range(first, last)]
     index_shapes = [[1] * (len(ids_shape) - i.dim()) + [int(s) for s in i.shape] for i in indices]
     return {"mode": mode, "outer": outer, "rows": rows, "inner": inner, "dims": dims,
@@ -120,12 +138,35 @@ def _row_params(tile: TileSizes, mode: str, table: torch.Tensor, first: int, ind
             "index_sizes": shape[first:last], "row_strides": strides}
 
 
+def _row_path(ctx: LoweringContext, mode: str, table: torch.Tensor, first: int, indices: list[torch.Tensor], accumulate: bool = True):
+    """(family, params) of a row op: row_path picks one-hot matmuls or indirect DMA by the cost model."""
+    params = _row_params(ctx.tile, mode, table, first, indices)
+    tokens = math.prod(torch.broadcast_shapes(*(i.shape for i in indices))) or 1
+    op = row_path.RowOp(mode, params["outer"], params["rows"], params["inner"], tokens, table.element_size(),
+                        params["table_kind"], ctx.tile, accumulate)
+    choice = row_path.choose(op, ctx.target)
+    if choice.path == "indirect":
+        params = _row_params(ctx.tile, mode, table, first, indices, op.indirect_chunk)
+        params["fill_chunk"] = min(op.fill_chunk, params["inner"])
+    return choice.family, params
+
+
+def _merge_flops(params: dict) -> int:
+    """TensorE FLOPs of gather_indirect's duplicate merge: a [t, t] @ [t, inner] matmul per tile."""
+    ids = [d for d in params["dims"][1:-1] if d["axis"] == "p"]
+    tile = math.prod(d["chunk"] for d in ids)
+    tokens = math.prod(d["extent"] for d in params["dims"][1:-1])
+    return 2 * params["outer"] * tokens * min(tile, tokens) * params["inner"]
+
+
 def _row_gather(ctx: LoweringContext, node: fx.Node, table: fx.Node, first: int, indices: list[fx.Node]) -> KernelSpec:
     w, ids = val(table), [val(i) for i in indices]
-    params = _row_params(ctx.tile, "row_gather", w, first, ids)
+    family, params = _row_path(ctx, "row_gather", w, first, ids)
     tokens = math.prod(val(node).shape) // max(params["outer"] * params["inner"], 1)
-    flops = 2 * params["outer"] * tokens * params["rows"] * params["inner"]
-    return KernelSpec("gather_rows", params, [table, *indices], [node], flops=flops)
+    flops = 2 * params["outer"] * tokens * params["rows"] * params["inner"] if family == "gather_rows" else 0
+    if family == "gather_indirect":
+        params["padding_idx"] = -1  # (the template's row filter is shared with embedding's backward)
+    return KernelSpec(family, params, [table, *indices], [node], flops=flops)
 
 
 @register_lowering(aten.embedding.default)
@@ -163,7 +204,7 @@ def _row_scatter(ctx: LoweringContext, node, base, first: int, indices: list, va
                  padding_idx: int) -> KernelSpec:
     """Rows of values [outer, *ids, inner] summed (accumulate) or placed into [outer, rows, inner]."""
     ids, v, out = [val(i) for i in indices], val(values), val(node)
-    params = _row_params(ctx.tile, "row_scatter", out, first, ids)
+    family, params = _row_path(ctx, "row_scatter", out, first, ids, accumulate)
     ids_shape = tuple(torch.broadcast_shapes(*(i.shape for i in ids)))
     expected = tuple(out.shape[:first]) + ids_shape + tuple(out.shape[first + len(ids):])
     # values may differ from the indexed shape by size-1 dims only (same elements in the same order)
@@ -173,8 +214,11 @@ def _row_scatter(ctx: LoweringContext, node, base, first: int, indices: list, va
         raise Unsupported(f"scattered values of dtype {v.dtype} into {out.dtype}")
     params.update(accumulate=accumulate, padding_idx=padding_idx, has_base=base is not None)
     inputs = [values, *indices] + ([base] if base is not None else [])
-    flops = 2 * v.numel() * params["rows"]
-    return KernelSpec("gather_rows", params, inputs, [node], flops=flops)
+    if family == "gather_rows":
+        flops = 2 * v.numel() * params["rows"]
+    else:
+        flops = _merge_flops(params) if accumulate else 0
+    return KernelSpec(family, params, inputs, [node], flops=flops)
 
 
 @register_lowering(aten.embedding_dense_backward.default)
@@ -218,6 +262,22 @@ def _lane_spec(ctx: LoweringContext, node: fx.Node, mode: str, x: fx.Node, dim, 
     if xv.numel() == 0 or iv.numel() == 0:
         raise Unsupported(f"{mode} of an empty tensor")
     width = index_shape[dim]
+    if rank == 1 and value is None:
+        # A 1-D gather / scatter is a row op over the elements (index_select / index_put), so ids sit on
+        # partitions, 128 per DMA; the lane and column forms below would walk one element per instruction.
+        if mode == "lane_gather":
+            return _row_gather(ctx, node, x, 0, [index])
+        return _row_scatter(ctx, node, x, 0, [index], src, reduce == "add", -1)
+    inputs = [x, index] + ([src] if isinstance(src, fx.Node) else [])
+    if rank >= 2 and dim == rank - 1:
+        rows = math.prod(shape[:-1])
+        op = row_path.RowOp(mode, rows, shape[-1], 1, width, xv.element_size(), "", ctx.tile, reduce == "add")
+        if row_path.choose(op, ctx.target).path == "indirect":
+            params = {"mode": mode, "rows_total": rows, "lanes": shape[-1], "index_width": width,
+                      "reduce": reduce, "has_src": isinstance(src, fx.Node)}
+            if value is not None:
+                params["value"] = float(value)
+            return KernelSpec("gather_indirect", params, inputs, [node])
     if rank >= 2 and dim == rank - 1:
         params = {"mode": mode, "dims": _token_dims(ctx.tile, shape[:-1], shape[-1], LANE_FMAX)}
     else:
@@ -229,7 +289,6 @@ def _lane_spec(ctx: LoweringContext, node: fx.Node, mode: str, x: fx.Node, dim, 
         # eager casts the value to x's dtype; the kernel places that value's fp32 bits
         params["value"] = float(value)
         params["value_bits"] = float32_bits(torch.tensor(float(value), dtype=xv.dtype).item())
-    inputs = [x, index] + ([src] if isinstance(src, fx.Node) else [])
     family = "gather_lanes" if params["mode"].startswith("lane") else "gather_columns"
     return KernelSpec(family, params, inputs, [node], flops=xv.numel() * width)
 

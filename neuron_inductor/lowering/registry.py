@@ -126,7 +126,7 @@ class PadRule:
     what: str
 
 
-# ATen op (or higher-order op) -> its pad-safety rule (registered by passes/pad_safety.py).
+# ATen op (or higher-order op) -> its pad-safety rule (registered by passes/pad_rules.py and pad_position_rules.py).
 PAD_RULES: dict = {}
 
 

@@ -27,7 +27,7 @@ from torch._library.custom_ops import CustomOpDef
 from torch._subclasses.fake_tensor import FakeTensor
 
 from ..lowering import registry
-from ..passes.pad_safety import ROW_LOCAL
+from ..passes.pad_rules import ROW_LOCAL
 from . import sources
 from .wrap import recording
 

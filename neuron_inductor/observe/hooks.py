@@ -1,11 +1,14 @@
 """The calls the pipeline makes into observe/ (one line each in backend.py and runtime.py).
 
 - `on_dynamo_graph(gm, example_inputs, config)`: the backend received a Dynamo graph;
-- `on_graph_runner(runner)`: AOTAutograd produced a forward / backward / inference graph;
-- `on_program_compiled(runner, program, signature, args)`: a bucket was compiled or loaded;
-- `on_run(runner, program, args, execute)`: runs a call; on a program's first call it also
-  captures kernel tensors for the dump, shows progress, verifies against eager and finishes the
-  bucket's report. Later calls cost one dictionary look-up.
+- `on_graph_runner(graph)`: AOTAutograd produced a forward / backward / inference graph (a
+  `GraphRecord`);
+- `on_program_compiled(record, args)`: a bucket was compiled or loaded (a `ProgramRecord`: the
+  plan, the cache key and its parts, the graphs and the program);
+- `on_run(record, args, execute)`: runs a call; on a program's first call (the runtime hands its
+  record with it) it also captures kernel tensors for the dump, shows progress, verifies against
+  eager and finishes the bucket's report. Later calls (record None) just run.
+Observers read the records they are given and never call back into the runtime (records.py).
 
 Observing never breaks a compile or a run: an unexpected error in here is logged as a warning and
 the pipeline goes on. Only the errors that are the point of a feature propagate: a bad flag value
@@ -15,19 +18,21 @@ the pipeline goes on. Only the errors that are the point of a feature propagate:
 from __future__ import annotations
 
 import functools
-import math
 import time
 import weakref
-from typing import Any, Callable, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
 import torch
 import torch.fx as fx
 
-from .. import bucketing
 from ..config import ConfigError
 from . import cache_events, capture, dump, progress, session, verify
 from .logs import log, log_stage_timings
+from .records import GraphRecord, ProgramRecord
 from .report import REPORT_FILE, summarize
+
+if TYPE_CHECKING:
+    from ..compiler import Program
 
 
 Hook = TypeVar("Hook", bound=Callable[..., Any])
@@ -92,23 +97,23 @@ def on_dynamo_graph(gm: fx.GraphModule, example_inputs: list, config: Any) -> No
 
 
 @_not_fatal
-def on_graph_runner(runner: Any) -> None:
+def on_graph_runner(graph: GraphRecord) -> None:
     dynamo = session.current_dynamo_graph()
     # AOTAutograd traces, decomposes and partitions before it calls the first compiler; a backward
     # compiled later (lazily) has no decompose time of its own.
     first = dynamo is not None and not any(aot.dynamo is dynamo for aot in session.AOT_GRAPHS.values())
     seconds = dynamo.seconds_since_last_mark() if first else None
-    aot = session.AotGraph(dynamo, runner.kind, runner.graph_hash, seconds)
-    session.AOT_GRAPHS[runner] = aot
+    aot = session.AotGraph(dynamo, graph.kind, graph.graph_hash, seconds)
+    session.AOT_GRAPHS[graph] = aot
     if seconds is not None:
         log.debug("neuron_inductor: %s: AOTAutograd traced, decomposed and partitioned it in %.3fs "
                   "(decompose stage)", aot.label, seconds)
 
 
-def _aot_graph(runner: Any) -> session.AotGraph:
-    aot = session.AOT_GRAPHS.get(runner)
-    if aot is None:  # a runner built outside the backend (tests, tools)
-        aot = session.AOT_GRAPHS[runner] = session.AotGraph(None, runner.kind, runner.graph_hash, None)
+def _aot_graph(graph: GraphRecord) -> session.AotGraph:
+    aot = session.AOT_GRAPHS.get(graph)
+    if aot is None:  # recorded before session.clear(), or a runner built outside the backend (tests, tools)
+        aot = session.AOT_GRAPHS[graph] = session.AotGraph(None, graph.kind, graph.graph_hash, None)
     return aot
 
 
@@ -116,67 +121,24 @@ def _aot_graph(runner: Any) -> session.AotGraph:
 # Compiled buckets
 
 
-def _real_sized(runner: Any, args: list, values: list, specs: list) -> list:
-    """`values` (a call's inputs or outputs) with bucket-padded tensors cut to their real sizes.
-
-    Padded tensors cross graph boundaries: a forward returns the activations it saves for the
-    backward still padded, and the backward receives them so. Eager comparisons and padding counts
-    need the real sizes, which the runtime's plan of the call (`args`) gives.
-    """
-    plan = runner.plan(args)
-    if plan.bucket is None:
-        return values
-    padded = runner.padded_sizes(plan)
-
-    def cut(value: Any, spec: Any) -> Any:
-        if isinstance(value, torch.Tensor) and isinstance(spec, tuple):
-            return bucketing.slice_tensor(value, spec, plan.bucket.real, padded)
-        return value
-
-    return [cut(value, spec) for value, spec in zip(values, specs)]
-
-
-def _padding(runner: Any, args: list) -> dict[str, float] | None:
-    """Elements the bucket adds to the inputs that have bucketed dims (None when the call is not padded)."""
-    bucket = runner.plan(args).bucket
-    if bucket is None:
-        return None
-    real = padded = 0
-    for arg, spec in zip(args, runner.input_specs):
-        if isinstance(arg, torch.Tensor) and isinstance(spec, tuple) and any(
-                getattr(e, "free_symbols", None) for e in spec):
-            real += arg.numel()
-            padded += math.prod(bucketing.evaluate(e, bucket.padded) for e in spec)
-    return {"real_elements": real, "padded_elements": padded,
-            "fraction": (padded - real) / padded if padded else 0.0}
-
-
-def _cache_key(runner: Any, args: list) -> dict[str, Any]:
-    """The compile-cache key and its parts for this call (as the runtime computes them)."""
-    from ..cache import key_of  # imported late: cache imports the compiler, which imports observe
-
-    parts = runner.key_parts(runner.plan(args))
-    return {"key": key_of(parts), "parts": parts}
-
-
-# The bucket of each program that has not had its first call yet (weak: dropped programs vanish).
-_PENDING: "weakref.WeakKeyDictionary[Any, session.CompiledBucket]" = weakref.WeakKeyDictionary()
+# The bucket of each program record whose program has not had its first call yet (weak: a record
+# the runtime dropped vanishes).
+_PENDING: "weakref.WeakKeyDictionary[ProgramRecord, session.CompiledBucket]" = weakref.WeakKeyDictionary()
 
 
 @_not_fatal
-def on_program_compiled(runner: Any, program: Any, signature: Any, args: list) -> None:
+def on_program_compiled(record: ProgramRecord, args: list) -> None:
     """`args` are the call's real (unpadded) inputs."""
-    from ..cache import get_cache  # imported late: cache imports the compiler, which imports observe
-
-    aot = _aot_graph(runner)
-    artifact = program.artifact
-    real_args = _real_sized(runner, args, args, runner.input_specs)
-    bucket = session.CompiledBucket(aot=aot, index=len(aot.buckets), signature=repr(signature), artifact=artifact,
-                                    padding=_padding(runner, real_args), target=runner.config.target)
+    aot = _aot_graph(record.graph)
+    config = record.graph.config
+    program, artifact = record.program, record.program.artifact
+    real_args = record.real_inputs(args)
+    bucket = session.CompiledBucket(aot=aot, index=len(aot.buckets), signature=repr(record.signature),
+                                    plan=record.label, source=record.source, artifact=artifact,
+                                    padding=record.padding(real_args), target=config.target)
     aot.buckets.append(bucket)
     session.BUCKETS.append(bucket)
-    bucket.cache = cache_events.note_lookup(get_cache(runner.config.cache_dir, runner.config.cache_secret),
-                                            bucket.label)
+    bucket.cache = cache_events.note_lookup(record.cache, bucket.label)
     progress.compile_finished()
     meta = artifact.meta
     log.info("neuron_inductor: %s compiled: %d kernel(s), %d fallback(s), %d view(s) in %.3fs", bucket.label,
@@ -185,26 +147,26 @@ def on_program_compiled(runner: Any, program: Any, signature: Any, args: list) -
     first_of_graph = aot.dynamo is not None and not any(b.aot.dynamo is aot.dynamo for b in session.BUCKETS[:-1])
     graph_timings = {**aot.dynamo.timings, "decompose": aot.decompose_seconds} if first_of_graph else {}
     log_stage_timings(bucket.label, {**{k: v for k, v in graph_timings.items() if v is not None},
-                                     **meta.get("timings", {})})
-    if runner.config.dump_dir:
-        bucket.folder = dump.bucket_folder(bucket, runner.config)
+                                             **meta.get("timings", {})})
+    if config.dump_dir:
+        bucket.folder = dump.bucket_folder(bucket, config)
         dump.write_bucket(
-            bucket.folder, dynamo_code=aot.dynamo.code if aot.dynamo else None, aten_gm=runner.gm,
+            bucket.folder, dynamo_code=aot.dynamo.code if aot.dynamo else None, aten_gm=record.graph.gm,
             lowered_gm=program.static_gm, artifact=artifact,
             bucket_info={"signature": bucket.signature, "real_input_shapes": _shapes(real_args),
                          "compiled_input_shapes": _compiled_shapes(program), "padding": bucket.padding,
-                         "bucket_policy": runner.config.buckets},
-            cache_key=_cache_key(runner, args))
+                         "bucket_policy": config.buckets},
+            cache_key={"key": record.key, "parts": record.key_parts})
         _write_report(bucket)
         log.info("neuron_inductor: %s dumped to %s", bucket.label, bucket.folder)
-    _PENDING[program] = bucket
+    _PENDING[record] = bucket
 
 
 def _shapes(args: list) -> list[list[int] | None]:
     return [list(a.shape) if isinstance(a, torch.Tensor) else None for a in args]
 
 
-def _compiled_shapes(program: Any) -> list[list[int] | None] | None:
+def _compiled_shapes(program: Program) -> list[list[int] | None] | None:
     static_gm = program.static_gm
     if static_gm is None:
         return None
@@ -219,27 +181,28 @@ def _write_report(bucket: session.CompiledBucket) -> None:
 # First run
 
 
-def on_run(runner: Any, program: Any, args: list, execute: Callable[[], Any]) -> Any:
-    """`execute()` runs the call (pad, program, slice) on the real inputs `args` and returns the outputs."""
-    bucket = _PENDING.pop(program, None)
+def on_run(record: ProgramRecord | None, args: list, execute: Callable[[], Any]) -> Any:
+    """`execute()` runs the call (pad, program, slice) on the real inputs `args` and returns the outputs.
+    `record` is given with the first call of its program (None for later calls)."""
+    bucket = _PENDING.pop(record, None) if record is not None else None
     if bucket is None:
         return execute()
-    started = _start_first_run(runner, program, bucket, args)
+    started = _start_first_run(record, bucket, args)
     start = time.perf_counter()
     try:
         outputs = execute()
     finally:
         if started is not None:
             started[0].close()
-    _finish_first_run(runner, program, bucket, args, outputs, time.perf_counter() - start,
-                      started[1] if started else None)
+    _finish_first_run(record, bucket, args, outputs, time.perf_counter() - start, started[1] if started else None)
     return outputs
 
 
 @_not_fatal
-def _start_first_run(runner: Any, program: Any, bucket: session.CompiledBucket,
+def _start_first_run(record: ProgramRecord, bucket: session.CompiledBucket,
                      args: list) -> tuple[progress.ProgressLine, verify.Reference | None]:
     """Watch the kernels' first calls; compute the eager reference before inputs are mutated."""
+    program = record.program
     observers: list[capture.KernelCallObserver] = []
     if bucket.folder is not None:
         observers.append(dump.KernelSaver(bucket.folder, bucket.artifact.meta["kernels"]))
@@ -247,24 +210,25 @@ def _start_first_run(runner: Any, program: Any, bucket: session.CompiledBucket,
     observers.append(progress.KernelProgress(line))
     capture.watch_first_calls(program.kernels, list(program.artifact.kernel_sources), observers)
     reference = None
-    if runner.config.verify != "off":
-        reference = verify.eager_reference(runner.gm, _real_sized(runner, args, args, runner.input_specs))
+    if record.graph.config.verify != "off":
+        reference = verify.eager_reference(record.graph.gm, record.real_inputs(args))
     return line, reference
 
 
 @_not_fatal
-def _finish_first_run(runner: Any, program: Any, bucket: session.CompiledBucket, args: list, outputs: Any,
+def _finish_first_run(record: ProgramRecord, bucket: session.CompiledBucket, args: list, outputs: Any,
                       seconds: float, reference: verify.Reference | None) -> None:
+    program = record.program
     bucket.artifact.meta.setdefault("timings", {})["first_run"] = seconds
     log.debug("neuron_inductor: %s first run in %.3fs", bucket.label, seconds)
     try:
         if reference is not None:
             listed = list(outputs) if isinstance(outputs, (tuple, list)) else [outputs]
-            listed = _real_sized(runner, args, listed, runner.output_specs)
-            inputs_after = _real_sized(runner, args, args, runner.input_specs)
+            listed = record.real_sized(listed, record.output_specs)
+            inputs_after = record.real_inputs(args)
             producers = verify.output_producers(program.lowered, program.static_gm)
             checked, mismatch = verify.compare(reference, listed, inputs_after, producers)
-            bucket.verify = verify.report(bucket.label, runner.config.verify, checked, mismatch)
+            bucket.verify = verify.report(bucket.label, record.graph.config.verify, checked, mismatch)
     finally:
         if bucket.folder is not None:
             _write_report(bucket)

@@ -12,7 +12,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from . import session
+from . import perfetto, session
 
 REPORT_FILE = "report.json"
 REPORT_FORMAT = 1  # bumped when the summary's keys change; dump_report reads only this format
@@ -134,13 +134,11 @@ class Report:
 
     def to_perfetto(self) -> dict[str, Any]:
         """The kernels as a Chrome / Perfetto trace: one slice per kernel launch, one track per engine."""
-        from .perfetto import from_report
-        return from_report(self)
+        return perfetto.from_report(self)
 
     def write_perfetto(self, path: str | Path) -> Path:
         """Write `to_perfetto()` to `path` (open it in ui.perfetto.dev or chrome://tracing)."""
-        from .perfetto import write
-        return write(self.to_perfetto(), path)
+        return perfetto.write(self.to_perfetto(), path)
 
     def __str__(self) -> str:
         lines = [f"neuron_inductor report ({self.source}): {len(self.buckets)} compiled graph bucket(s)"]

@@ -1,4 +1,5 @@
-"""What this process compiled, in order: the records behind `report()`, the dumps and verify.
+"""What this process compiled, in order: the records behind `report()`, the dumps and verify, and
+the one list of compiled programs (`BUCKETS`) tests and benchmarks count.
 
 A `DynamoGraph` is one graph Dynamo handed to the backend; each of its AOTAutograd graphs
 (forward / backward / inference) is run by one `GraphRunner`, and every bucket that runner compiles
@@ -48,9 +49,13 @@ class AotGraph:
 
 @dataclass
 class CompiledBucket:
+    """A program compiled or loaded from the compile cache, in the order the process asked for them."""
+
     aot: AotGraph
     index: int  # order of compilation within its AotGraph
-    signature: str
+    signature: str  # the call plan's signature: (mode, bucket sizes)
+    plan: str  # the plan as people read it: "static", "s0=128", "exact s0=100"
+    source: str  # how the compile cache answered: "compiled" | "memory" | "disk"
     artifact: Any  # compiler.CompiledArtifact (meta["estimates"] come from the compile-time kernel check)
     padding: dict[str, float] | None
     target: str  # hardware generation the estimates are for (config option `target`)
@@ -65,7 +70,7 @@ class CompiledBucket:
 
 DYNAMO_GRAPHS: list[DynamoGraph] = []
 BUCKETS: list[CompiledBucket] = []
-# The AotGraph of each live GraphRunner (weak: a runner Dynamo dropped must not be kept alive).
+# The AotGraph of each live GraphRunner's GraphRecord (weak: a runner Dynamo dropped must not be kept alive).
 AOT_GRAPHS: "weakref.WeakKeyDictionary[Any, AotGraph]" = weakref.WeakKeyDictionary()
 
 

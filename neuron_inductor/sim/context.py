@@ -70,6 +70,12 @@ def current() -> ProgramContext:
     return context
 
 
+def running() -> ProgramContext | None:
+    """The innermost program running on this thread, or None outside every kernel."""
+    contexts = getattr(_local, "contexts", None)
+    return contexts[-1] if contexts else None
+
+
 def push(context: ProgramContext) -> None:
     _contexts().append(context)
 

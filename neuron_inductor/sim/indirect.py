@@ -8,9 +8,12 @@ stride of dim `indirect_dim` of the tensor `.ap()` was called on:
   pattern dim's term, so row i of the access is row index[i] of the indexed dim (gather /
   scatter by index; vector indirection is HBM-only).
 
-An index is out of bounds when it is outside [0, shape[indirect_dim]) or its row leaves the
-storage. dma_copy(oob_mode=error) raises NkiIndexError; oob_mode=skip leaves those rows
-untouched (the documented "skip the DMA transfer for a given dynamic address or index").
+An index is out of bounds when it is negative or its row's addresses leave the allocation: the DGE
+does "out-of-bound address checking" (nki.isa.dma_copy docs), so an index past shape[indirect_dim]
+that stays inside the tensor is a valid address (AWS's block KV-cache update writes flat slot
+indices through the block-length dim). dma_copy(oob_mode=error) raises NkiIndexError;
+oob_mode=skip leaves those rows untouched (the documented "skip the DMA transfer for a given
+dynamic address or index").
 Indices are read when the DMA runs, not when `.ap()` is called.
 """
 
@@ -44,7 +47,7 @@ class IndirectView(tensors.NkiTensor):
         self.index = index          # a tile or a VirtualRegister
         self.vector = vector
         self.scale = scale          # S: stride of the indexed dim
-        self.bound = bound          # shape[indirect_dim]
+        self.bound = bound          # shape[indirect_dim] (for messages: addresses decide what is in bounds)
 
     @property
     def data(self):
@@ -81,7 +84,7 @@ class IndirectView(tensors.NkiTensor):
         indices = self._indices(api)
         rows = indices.reshape([-1] + [1] * (len(sizes) - 1))
         addr = (addr + rows * self.scale).expand(sizes)
-        in_range = (indices >= 0) & (indices < self.bound)
+        in_range = indices >= 0
         per_row = addr.reshape(sizes[0], -1) if self.vector else addr.reshape(1, -1)
         in_storage = ((per_row >= 0) & (per_row < self.flat.numel())).all(dim=1)
         valid = in_range & in_storage
@@ -139,7 +142,8 @@ def dma(api, dst, src, oob, copy) -> None:
     addr, valid = side.resolve(api)
     if valid is not None and oob.name == "error":
         bad = int((~valid).nonzero()[0, 0])
-        raise NkiIndexError(f"{api}: indirect index for row {bad} is out of bounds (dim of size {side.bound}); "
+        raise NkiIndexError(f"{api}: indirect index for row {bad} is out of bounds: it addresses outside the "
+                            f"{side.flat.numel()}-element tensor (indexed dim of size {side.bound}); "
                             "pass oob_mode=nisa.oob_mode.skip to skip such rows")
     rows = slice(None) if valid is None else valid
     if side is src:  # gather: read the addressed elements, then DMA them into dst

@@ -6,7 +6,7 @@ from . import indirect, replay, rules
 from .errors import NkiError, NkiIndexError
 from .indirect import IndirectView
 from .isa_enums import dge_mode, engine, oob_mode
-from .isa_operands import _F32, _I64, _SBUF, _copy_exact, _same_storage, _write
+from .isa_operands import _F32, _I64, _copy_exact, _same_storage, _write
 from .tracing import ACTIVE, record
 
 
@@ -61,7 +61,8 @@ def dma_transpose(dst, src, axes=None, priority=None, dge_mode=dge_mode.unknown,
     HBM -> SBUF or SBUF -> SBUF; an indirect src (`.ap(vector_offset=)`) gathers its rows first."""
     api = "nisa.dma_transpose"
     rules.on_chip(api, "src", src, ("sbuf", "shared_hbm", "private_hbm"))
-    rules.operand(api, "dst", dst, _SBUF)
+    # a DMA queue, not a compute engine: any start partition (the 0/32/64/96 rule is the engines' access rule)
+    rules.tile(api, "dst", dst, ("sbuf",))
     if dge_mode is globals()["dge_mode"].hwdge or isinstance(src, IndirectView):
         rules.two_byte_dtype(api, "src", src)  # documented for the hardware-DGE and indirect transposes only
     rules.same_dtype(api, "dst", dst, "src", src)

@@ -41,8 +41,11 @@ def dma_compute(dst, srcs, reduce_op, scales=None, unique_indices=True, oob_mode
         count = 1
         for s in shape:
             count *= s
-        isa.record("dma", "dma_compute", count * len(srcs), count * dst.dtype.itemsize * (len(srcs) + 1), count, 1,
-                   (("dst", dst),))
+        # partitions: the first dim, as for dma_copy (an SBUF side reaches ceil(P / 8) DMA engines)
+        partitions = shape[0] if len(shape) > 1 else 1
+        isa.record("dma", "dma_compute", count * len(srcs), count * dst.dtype.itemsize * (len(srcs) + 1),
+                   count // partitions, partitions,
+                   (("dst", _recordable(dst)), *(("src", _recordable(s)) for s in srcs)))
 
 
 def _read_modify_write(api, dst, srcs, unique_indices, oob_mode):
@@ -75,6 +78,14 @@ def _read_modify_write(api, dst, srcs, unique_indices, oob_mode):
         gathered = torch.where(keep, gathered, torch.zeros(()))
     rules.element_count(api, dst.data.numel(), gathered.numel())
     isa._write(dst, isa._f32(dst).reshape(-1).add(gathered.reshape(-1)).reshape(dst.data.shape))
+
+
+def _recordable(t):
+    """t as a trace operand: an indirect view has no data, so its shape comes from a meta tensor (its
+    allocation stays the view's, for the dependency chain)."""
+    if not isinstance(t, IndirectView):
+        return t
+    return tensors.NkiTensor(torch.empty(tuple(t.sizes), device="meta"), t.dtype, t.buffer, t.alloc, t.name)
 
 
 def _check_oob(api, valid, oob_mode, bound):

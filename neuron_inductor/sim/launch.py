@@ -22,7 +22,7 @@ import os
 
 import torch
 
-from . import cores, rules, tracing
+from . import context, cores, rules, tracing
 from . import replay as replays
 from .errors import NkiError
 from .targets import get_target
@@ -51,6 +51,12 @@ class Kernel:
                                   "graph break); register the function calling it with neuron_inductor.nki_op and "
                                   "call the kernel through wrap_nki to make it a kernel of the compiled program")
     def __call__(self, *args, **kwargs):
+        program = context.running()
+        if program is not None:  # a sub-kernel: "a nested @nki.jit sub-kernel ... inline[s]" (SpecializationConfig)
+            if self.grid != (1,) and self.grid != program.grid:
+                raise NkiError(f"{self!r} called inside {program.kernel_name}[{', '.join(map(str, program.grid))}]: "
+                               "a nested kernel runs inline in the caller's programs, so it takes no other grid")
+            return self.func(*args, **kwargs)
         return run(self.func, self.grid, args, kwargs, self.platform_target, self.replay)
 
     def __repr__(self):

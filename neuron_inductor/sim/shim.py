@@ -1,6 +1,6 @@
 """Run kernel files written for real NKI: `import nki` resolves to the interpreter inside `as_nki()`.
 
-Inside the block, `nki`, `nki.language`, `nki.isa`, `nki.isa.constants`, `nki.dtype`,
+Inside the block, `nki`, `nki.language`, `nki.isa`, `nki.isa.constants`, `nki.collectives`, `nki.dtype`,
 `nki.typing` and the legacy `neuronxcc.nki.typing` in sys.modules are this package's
 modules; on exit every such entry is put back as it was, so an installed real `nki`
 is never shadowed outside the block (kernels defined inside keep the interpreter's
@@ -17,7 +17,7 @@ import sys
 import types
 
 
-from . import dtypes, isa, isa_constants, language, nki_api, typing_api
+from . import collectives, dtypes, isa, isa_constants, language, nki_api, typing_api
 from .launch import Kernel
 
 isa.constants = isa_constants  # `from nki.isa import constants`
@@ -29,7 +29,7 @@ _legacy = types.ModuleType("neuronxcc")
 _legacy.nki = _legacy_nki
 
 _FACADE = {"nki": nki_api, "nki.language": language, "nki.isa": isa, "nki.isa.constants": isa_constants,
-           "nki.dtype": dtypes, "nki.typing": typing_api,
+           "nki.collectives": collectives, "nki.dtype": dtypes, "nki.typing": typing_api,
            "neuronxcc": _legacy, "neuronxcc.nki": _legacy_nki, "neuronxcc.nki.typing": typing_api}
 _ROOTS = ("nki", "neuronxcc")
 

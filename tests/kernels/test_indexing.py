@@ -1,9 +1,10 @@
 """Indexing kernels (embedding fwd / bwd, index_select, index, index_put, gather, scatter*) in the
 NKI interpreter against eager PyTorch.
 
-Gathers are exact (a one-hot matmul picks one fp32 / bf16 value); scatter-adds accumulate in fp32
-PSUM, so fp32 results match within rtol 1e-5 and bf16 results within one bf16 rounding of the
-fp32-accumulated reference (2e-2 relative). Lane gathers and scatters move bits, so they are exact
+Row ops (the `path` fixture) run as one-hot matmuls and as indirect DMA. Gathers are exact (a
+one-hot matmul picks one fp32 / bf16 value; a DMA copies bits); scatter-adds accumulate in fp32
+(PSUM, or dma_compute's fp32 adds), so fp32 results match within rtol 1e-5 and bf16 results within
+one bf16 rounding of the fp32-accumulated reference (2e-2 relative). Lane gathers and scatters move bits, so they are exact
 with +-inf and NaN anywhere (compared with NaN equal to NaN).
 """
 
@@ -15,6 +16,7 @@ import pytest
 import torch
 
 from neuron_inductor import config
+from neuron_inductor.lowering import row_path
 from neuron_inductor.lowering.ir import Unsupported
 from neuron_inductor.lowering.registry import LOWERINGS
 
@@ -22,6 +24,14 @@ from .harness import CTX, DTYPES, aten_graph, assert_close, run_lowered
 
 aten = torch.ops.aten
 F = torch.nn.functional
+
+
+@pytest.fixture(params=row_path.PATHS)
+def path(request):
+    """Row-op and last-dim gather / scatter tests run on both formulations: one-hot matmuls / lane
+    masks (gather_rows, gather_lanes) and indirect DMA (gather_indirect)."""
+    with row_path.forced(request.param):
+        yield request.param
 
 
 def ids_with_duplicates(vocab, shape):
@@ -33,7 +43,7 @@ def ids_with_duplicates(vocab, shape):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("vocab,width,ids_shape", [(50, 8, (2, 3)), (300, 70, (130,)), (129, 600, (3, 50)),
                                                    (128, 1, (4,))], ids=str)
-def test_embedding(vocab, width, ids_shape, dtype):
+def test_embedding(vocab, width, ids_shape, dtype, path):
     weight = torch.randn(vocab, width, dtype=dtype)
     ids = ids_with_duplicates(vocab, ids_shape)
     (out,), (ref,), _ = run_lowered(lambda w, i: F.embedding(i, w), [weight, ids], aten.embedding.default)
@@ -41,7 +51,7 @@ def test_embedding(vocab, width, ids_shape, dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_index_select_and_index(dtype):
+def test_index_select_and_index(dtype, path):
     x = torch.randn(200, 33, dtype=dtype)
     ids = torch.tensor([5, 199, 0, 5, 130])
     (out,), (ref,), _ = run_lowered(lambda t, i: torch.index_select(t, 0, i), [x, ids], aten.index_select.default)
@@ -53,7 +63,7 @@ def test_index_select_and_index(dtype):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("padding_idx", [-1, 0, 3])
 @pytest.mark.parametrize("vocab,width,ids_shape", [(50, 8, (2, 3)), (260, 520, (2, 130))], ids=str)
-def test_embedding_dense_backward(vocab, width, ids_shape, padding_idx, dtype):
+def test_embedding_dense_backward(vocab, width, ids_shape, padding_idx, dtype, path):
     grad = torch.randn(*ids_shape, width, dtype=dtype)
     ids = ids_with_duplicates(vocab, ids_shape)
     fn = lambda g, i: aten.embedding_dense_backward(g, i, vocab, padding_idx, False)  # noqa: E731
@@ -62,7 +72,7 @@ def test_embedding_dense_backward(vocab, width, ids_shape, padding_idx, dtype):
     assert_close(out, reference)
 
 
-def test_embedding_backward_of_an_expanded_grad():
+def test_embedding_backward_of_an_expanded_grad(path):
     """AOTAutograd hands the backward a stride-0 expanded gradient."""
     grad, ids = torch.randn(1, 1, 16), torch.randint(0, 40, (3, 5))
     fn = lambda g, i: aten.embedding_dense_backward(g.expand(3, 5, 16), i, 40, -1, False)  # noqa: E731
@@ -73,7 +83,7 @@ def test_embedding_backward_of_an_expanded_grad():
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("accumulate", [True, False])
-def test_index_put(accumulate, dtype):
+def test_index_put(accumulate, dtype, path):
     base = torch.randn(200, 40, dtype=dtype)
     ids = torch.tensor([7, 150, 3, 199, 0]) if not accumulate else ids_with_duplicates(200, (3, 60))
     values = torch.randn(*ids.shape, 40, dtype=dtype)
@@ -85,7 +95,7 @@ def test_index_put(accumulate, dtype):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("shape,k", [((130, 50), 1), ((4, 3, 9000), 2), ((7, 1), 1)], ids=str)
-def test_gather_last_dim(shape, k, dtype):
+def test_gather_last_dim(shape, k, dtype, path):
     x = torch.randn(shape, dtype=dtype)
     index = torch.randint(0, shape[-1], (*shape[:-1], k))
     (out,), (ref,), _ = run_lowered(lambda t, i: torch.gather(t, -1, i), [x, index], aten.gather.default)
@@ -94,7 +104,7 @@ def test_gather_last_dim(shape, k, dtype):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("shape,k", [((130, 50), 1), ((3, 9000), 3)], ids=str)
-def test_scatter_value_src_and_add(shape, k, dtype):
+def test_scatter_value_src_and_add(shape, k, dtype, path):
     x = torch.randn(shape, dtype=dtype)
     index = torch.stack([torch.randperm(shape[-1])[:k] for _ in range(shape[0])])  # distinct per row
     src = torch.randn(shape[0], k, dtype=dtype)
@@ -134,7 +144,7 @@ def distinct_lanes(shape, k):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("value", NON_FINITE, ids=str)
 @pytest.mark.parametrize("shape,k", [((130, 50), 2), ((3, 9000), 3)], ids=str)
-def test_scatter_of_a_non_finite_value(shape, k, value, dtype):
+def test_scatter_of_a_non_finite_value(shape, k, value, dtype, path):
     """MoE routers mask the experts they picked with scatter(-1, idx, -inf): the value lands on the
     indexed lanes only, over finite and non-finite values alike, and the other lanes keep theirs."""
     x = with_non_finite_lanes(shape, dtype)
@@ -145,7 +155,7 @@ def test_scatter_of_a_non_finite_value(shape, k, value, dtype):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("shape,k", [((130, 50), 2), ((3, 9000), 3)], ids=str)
-def test_lane_ops_move_non_finite_values_exactly(shape, k, dtype):
+def test_lane_ops_move_non_finite_values_exactly(shape, k, dtype, path):
     """Gathered and scattered +-inf / NaN stay on their lanes: no 0 * inf turns a row into NaN."""
     x = with_non_finite_lanes(shape, dtype)
     index = distinct_lanes(shape, k)
@@ -206,7 +216,7 @@ def test_boolean_mask_fill_through_compile_is_a_pointwise_where(dtype, tmp_path)
     assert torch.equal(got, want) and torch.equal(grad, x.grad)
 
 
-def test_cross_entropy_backward_scatter_of_a_constant_into_zeros():
+def test_cross_entropy_backward_scatter_of_a_constant_into_zeros(path):
     logits, target = torch.randn(6, 30), torch.randint(0, 30, (6,))
     fn = lambda t, y: torch.zeros_like(t).scatter(1, y.unsqueeze(1), -1.0)  # noqa: E731
     (out,), (ref,), _ = run_lowered(fn, [logits, target], aten.scatter.value)
@@ -232,7 +242,7 @@ def test_unsupported_cases_raise():
     ((5, 260), 1, [259, 0, 128, 3]),        # the last dim: rows of one element
     ((3, 150, 2, 5), 1, list(range(140))),  # more ids than one partition tile
 ], ids=str)
-def test_index_put_on_a_dim_other_than_0(shape, dim, positions, accumulate, dtype):
+def test_index_put_on_a_dim_other_than_0(shape, dim, positions, accumulate, dtype, path):
     base = torch.randn(shape, dtype=dtype)
     ids = torch.tensor(positions)
     if accumulate:
@@ -247,7 +257,7 @@ def test_index_put_on_a_dim_other_than_0(shape, dim, positions, accumulate, dtyp
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("shape,dim,positions", [((3, 150, 2, 5), 1, [0] + list(range(139)) + [0]),
                                                  ((4, 6), 1, [5, 2, 5, 5])], ids=str)
-def test_index_put_of_a_repeated_position_keeps_the_last_write(shape, dim, positions, dtype):
+def test_index_put_of_a_repeated_position_keeps_the_last_write(shape, dim, positions, dtype, path):
     """Eager leaves repeated positions unspecified (its CPU kernel may take any of the writes); the
     kernel keeps the last one, within a token tile and across tiles."""
     base, ids = torch.randn(shape, dtype=dtype), torch.tensor(positions)
@@ -261,7 +271,7 @@ def test_index_put_of_a_repeated_position_keeps_the_last_write(shape, dim, posit
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_static_cache_index_copy_of_transposed_states(dtype):
+def test_static_cache_index_copy_of_transposed_states(dtype, path):
     """HF StaticCache: `k_out.index_copy_(2, cache_position, key_states)` with key_states a
     [B, T, H, D] projection transposed to [B, H, T, D] (not contiguous)."""
     cache, states = torch.zeros(2, 4, 16, 8, dtype=dtype), torch.randn(2, 3, 4, 8, dtype=dtype)
@@ -277,7 +287,7 @@ def test_static_cache_index_copy_of_transposed_states(dtype):
     ((4, 200, 3), 1, (5,)), ((6, 300), -1, (130,)), ((200,), 0, (7,)), ((2, 3, 70, 520), 2, (2, 4)),
     ((3, 1, 5), 1, (2,)),
 ], ids=str)
-def test_index_select_and_index_on_any_dim(shape, dim, ids_shape, dtype):
+def test_index_select_and_index_on_any_dim(shape, dim, ids_shape, dtype, path):
     x = torch.randn(shape, dtype=dtype)
     ids = torch.randint(0, shape[dim], ids_shape)
     ids.view(-1)[0] = shape[dim] - 1
@@ -289,7 +299,7 @@ def test_index_select_and_index_on_any_dim(shape, dim, ids_shape, dtype):
     assert torch.equal(out, ref)
 
 
-def test_index_select_of_a_transposed_table():
+def test_index_select_of_a_transposed_table(path):
     x = torch.randn(40, 9)
     ids = torch.tensor([8, 0, 3])
     fn = lambda t, i: torch.index_select(t.t(), 1, i)  # noqa: E731
@@ -305,7 +315,7 @@ def test_index_select_of_a_transposed_table():
     ((2, 130, 6, 3), 1, [(2, 1, 1), (1, 130)]),  # indices after a sliced dim, ids walked past one tile
     ((4, 9), 0, [(5, 1), (1, 1)]),             # the last ids dim broadcast: one token per tile
 ], ids=str)
-def test_index_with_several_broadcast_indices(table_shape, first, index_shapes, dtype):
+def test_index_with_several_broadcast_indices(table_shape, first, index_shapes, dtype, path):
     x = torch.randn(table_shape, dtype=dtype)
     indices = [torch.randint(0, table_shape[first + k], s) for k, s in enumerate(index_shapes)]
 
@@ -332,7 +342,7 @@ def test_unsupported_row_ops_raise(fn, args, match):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_row_ops_of_a_0d_tensor_or_index(dtype):
+def test_row_ops_of_a_0d_tensor_or_index(dtype, path):
     """index_select / index_copy of a 0-d tensor (its one element is row 0), and 0-d indices."""
     x, ids, value = torch.randn((), dtype=dtype), torch.tensor([0]), torch.randn((), dtype=dtype)
     (out,), (ref,), _ = run_lowered(lambda t, i: torch.index_select(t, 0, i), [x, ids], aten.index_select.default)
@@ -350,7 +360,7 @@ def test_row_ops_of_a_0d_tensor_or_index(dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_index_put_of_values_with_fewer_size_1_dims(dtype):
+def test_index_put_of_values_with_fewer_size_1_dims(dtype, path):
     """values [5] into row [2] of a [5, 5] base (indexed shape [1, 5]): same elements, same order."""
     base, ids, values = torch.randn(5, 5, dtype=dtype), torch.tensor([2]), torch.randn(5, dtype=dtype)
     fn = lambda b, i, v: aten.index_put(b, [i], v)  # noqa: E731
@@ -359,7 +369,7 @@ def test_index_put_of_values_with_fewer_size_1_dims(dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_negative_indices_count_from_the_end(dtype):
+def test_negative_indices_count_from_the_end(dtype, path):
     x, ids = torch.randn(3, 140, 4, dtype=dtype), torch.tensor([-1, 0, -140, 5])
     (out,), (ref,), _ = run_lowered(lambda t, i: t[:, i], [x, ids], aten.index.Tensor)
     assert torch.equal(out, ref)
@@ -438,7 +448,7 @@ def test_column_ops_of_a_transposed_input_and_a_0d_tensor():
 
 
 @pytest.mark.parametrize("dtype", [torch.bool, torch.uint8, torch.int16, torch.int32, torch.int64])
-def test_index_of_integer_and_bool_tables(dtype):
+def test_index_of_integer_and_bool_tables(dtype, path):
     """HF mask building: `padding_mask[batch_idx, kv_idx]` of a bool / int64 attention mask; 32-bit
     values (extremes included) come back exact."""
     if dtype == torch.bool:
@@ -463,7 +473,7 @@ def test_index_of_integer_and_bool_tables(dtype):
     ((3, 200, 4), 0, [(3, 1), (1, 130)]),      # rows x columns of a [3, 200] grid, broadcast, 2 token tiles
     ((2, 5, 7), 1, [(6,), (6,)]),              # pairs on dims 1 and 2 after a sliced dim
 ], ids=str)
-def test_index_put_with_several_broadcast_indices(table_shape, first, index_shapes, accumulate, dtype):
+def test_index_put_with_several_broadcast_indices(table_shape, first, index_shapes, accumulate, dtype, path):
     """The backward of `x[i, j]` (accumulate) and `x[i, j] = v`: distinct positions when replacing
     (eager leaves repeated ones unspecified), repeated ones adding up when accumulating."""
     base = torch.randn(table_shape, dtype=dtype)
@@ -485,7 +495,7 @@ def test_index_put_with_several_broadcast_indices(table_shape, first, index_shap
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_row_ops_move_non_finite_values_exactly(dtype):
+def test_row_ops_move_non_finite_values_exactly(dtype, path):
     """Gathers and replacing index_puts move bits: an inf / NaN / -0.0 in a row no token names
     stays out of the other rows (no 0 * inf in the one-hot matmul), and lands exactly where named."""
     table = torch.randn(150, 6)

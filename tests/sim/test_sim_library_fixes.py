@@ -1,6 +1,8 @@
 """Interpreter behaviour AWS's nki-library kernels depend on, each against its documented semantics:
 NKIObject default initializers, unary op0 in tensor_scalar_reduce, zero-step dst patterns, the start partition
-of address= tiles, uint32 access patterns, and vector_offset tiles with several free dims. fp32 and bf16."""
+of address= tiles, uint32 access patterns, vector_offset tiles with several free dims, dma_transpose to any
+start partition, the nki.collectives namespace, nested jit kernels inline, and indirect offsets checked as
+addresses. fp32 and bf16."""
 
 from dataclasses import dataclass
 
@@ -159,3 +161,112 @@ def test_scalar_tensor_tensor_takes_operand0_of_any_dtype(dtype):
     with pytest.raises(sim.NkiRuleError, match="float32"):
         on_tiles(lambda d, a, s: nisa.tensor_scalar(d, a, nl.multiply, s), (8, 16), nl.float32, x,
                  scale.to(torch.bfloat16))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("start", [16, 5])
+def test_dma_transpose_writes_from_any_start_partition(dtype, start):
+    """A DMA queue is not a compute engine: the 0/32/64/96 start-partition rule is the engines' (the
+    nki.isa dma_transpose docs list none; AWS's MoE TKG transposes into 16-partition blocks at 16, 32, ...)."""
+    x = torch.randn(8, 16).to(dtype)
+
+    @sim.jit
+    def kernel(src):
+        t = nl.ndarray((48, 8), src.dtype, buffer=nl.sbuf)
+        nisa.memset(dst=t, value=0.0)
+        nisa.dma_transpose(dst=t[start:start + 16, :], src=src)
+        out = nl.ndarray((48, 8), src.dtype, buffer=nl.shared_hbm)
+        nisa.dma_copy(dst=out, src=t)
+        return out
+
+    out = kernel(x)
+    expected = torch.zeros(48, 8, dtype=dtype)
+    expected[start:start + 16] = x.T
+    assert torch.equal(out, expected)
+    with pytest.raises(sim.NkiRuleError, match="starting at partition"):  # a compute engine still may not
+        on_tiles(lambda d, a: nisa.tensor_copy(dst=d[start:start + 8, :], src=a), (48, 16), dtype, x)
+
+
+def test_nki_collectives_imports_and_every_collective_fails_visibly():
+    """AWS's attention_block_tkg imports nki.collectives at module level; with KVDP=1 it calls none of them."""
+    from neuron_inductor.sim.errors import NkiNotModelledError
+
+    with sim.as_nki():
+        import nki.collectives as ncc
+        from nki.collectives import ReplicaGroup
+
+        group = ReplicaGroup([[0, 1], [2, 3]])
+        assert group.replica_groups == [[0, 1], [2, 3]]
+        with pytest.raises(sim.NkiError, match="overlap"):
+            ReplicaGroup([[0, 1], [1, 2]])
+        for name in ("all_gather", "all_reduce", "reduce_scatter", "all_to_all", "collective_permute", "rank_id"):
+            with pytest.raises(NkiNotModelledError, match=f"nki.collectives.{name}: collectives between ranks"):
+                getattr(ncc, name)()
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_a_nested_jit_kernel_runs_inline(dtype):
+    """"a nested @nki.jit sub-kernel ... inline[s] under this kernel's config" (nki.compiler.SpecializationConfig):
+    it may return SBUF tiles to its caller, and it runs in the caller's programs (AWS's qkv inside
+    attention_block_tkg)."""
+    x = torch.randn(8, 16).to(dtype)
+
+    @sim.jit
+    def doubled_in_sbuf(t):
+        out = nl.ndarray(t.shape, t.dtype, buffer=nl.sbuf)
+        nisa.tensor_scalar(dst=out, data=t, op0=nl.multiply, operand0=2.0)
+        return out
+
+    @sim.jit
+    def outer(src):
+        t = nl.ndarray(src.shape, src.dtype, buffer=nl.sbuf)
+        nisa.dma_copy(dst=t, src=src)
+        tile = doubled_in_sbuf(t)
+        out = nl.ndarray(src.shape, src.dtype, buffer=nl.shared_hbm)
+        nisa.dma_copy(dst=out[nl.program_id(0) * 4:nl.program_id(0) * 4 + 4, :], src=tile[0:4, :])
+        return out
+
+    torch.testing.assert_close(outer(x)[:4], (x.float() * 2).to(dtype)[:4], rtol=0, atol=0)
+    twice = outer[2](x)  # each program runs the sub-kernel on its own SBUF
+    torch.testing.assert_close(twice, torch.cat([(x.float() * 2).to(dtype)[:4]] * 2), rtol=0, atol=0)
+
+    @sim.jit
+    def outer_with_grid(src):
+        t = nl.ndarray(src.shape, src.dtype, buffer=nl.sbuf)
+        nisa.dma_copy(dst=t, src=src)
+        return doubled_in_sbuf[2](t)
+
+    with pytest.raises(sim.NkiError, match="runs inline in the caller's programs"):
+        outer_with_grid(x)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_indirect_index_past_the_indexed_dim_is_an_address_inside_the_tensor(dtype):
+    """The DGE checks addresses ("out-of-bound address checking", nki.isa.dma_copy): a scalar_offset past
+    shape[indirect_dim] that stays inside the tensor writes there (AWS's block KV-cache update indexes flat slots
+    through the block-length dim); one past the tensor's end is skipped under oob_mode.skip and raises otherwise."""
+    cache = torch.zeros(4, 2, 8).to(dtype)  # [blocks, block_len, d]: 8 slots of 8 elements
+    rows = torch.randn(3, 8).to(dtype)
+
+    def scatter(slot, oob):
+        @sim.jit
+        def kernel(table, new, position):
+            idx = nl.ndarray((1, 1), nl.uint32, buffer=nl.sbuf)
+            nisa.dma_copy(dst=idx, src=position)
+            t = nl.ndarray((3, 8), new.dtype, buffer=nl.sbuf)
+            nisa.dma_copy(dst=t, src=new)
+            nisa.dma_copy(dst=table.ap(pattern=[[8, 3], [1, 8]], offset=0, scalar_offset=idx, indirect_dim=1),
+                          src=t, oob_mode=oob)
+            return table
+
+        table = cache.clone()
+        kernel(table, rows, torch.tensor([[slot]], dtype=torch.uint32))
+        return table
+
+    written = scatter(5, nisa.oob_mode.error).reshape(8, 8)  # slots 5..7: blocks 2 and 3, past block_len 2
+    expected = torch.zeros(8, 8, dtype=dtype)
+    expected[5:8] = rows
+    assert torch.equal(written, expected)
+    assert torch.equal(scatter(2**32 - 1, nisa.oob_mode.skip), cache)  # the kernels' "skip this batch" index
+    with pytest.raises(sim.NkiIndexError, match="out of bounds"):
+        scatter(6, nisa.oob_mode.error)  # slots 6..8: the last row leaves the tensor
