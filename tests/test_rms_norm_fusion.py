@@ -8,7 +8,7 @@ import torch
 import torch.nn as nn
 from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
-from neuron_inductor import runtime
+from neuron_inductor.observe import session
 from neuron_inductor.testing import RMSNorm, TinyLlama, TinyLlamaConfig
 
 # bf16: the fused kernel computes in fp32 and rounds once where eager rounds after every op
@@ -33,7 +33,7 @@ class ResidualNorm(nn.Module):
 
 
 def _families(first: int) -> list[list[str]]:
-    return [[k["family"] for k in p["artifact"].meta["kernels"]] for p in runtime.COMPILED_PROGRAMS[first:]]
+    return [[k["family"] for k in p.artifact.meta["kernels"]] for p in session.BUCKETS[first:]]
 
 
 @pytest.mark.parametrize("shape", SHAPES)
@@ -53,7 +53,7 @@ def test_residual_rms_norm_is_one_kernel_and_matches_eager(norm_cls, dtype, shap
     a.grad = None
     model.zero_grad()
 
-    first = len(runtime.COMPILED_PROGRAMS)
+    first = len(session.BUCKETS)
     compiled = torch.compile(model, backend="neuron", options={"fallback": "error"})
     out = compiled(a, b)
     out.float().square().mean().backward()
@@ -74,7 +74,7 @@ def test_norm_whose_intermediate_is_read_elsewhere_stays_decomposed(caplog):
         return x * torch.rsqrt(mean_square + 1e-6) * w, mean_square
 
     x, w = torch.randn(4, 32), torch.rand(32)
-    first = len(runtime.COMPILED_PROGRAMS)
+    first = len(session.BUCKETS)
     with caplog.at_level("DEBUG", logger="neuron_inductor"):
         out, mean_square = torch.compile(f, backend="neuron")(x, w)
     assert "rms_norm" not in _families(first)[0]
@@ -93,7 +93,7 @@ def test_tiny_llama_step_fuses_every_norm_and_matches_eager():
     expected.backward()
     grads = [p.grad.clone() for p in model.parameters()]
     model.zero_grad()
-    first = len(runtime.COMPILED_PROGRAMS)
+    first = len(session.BUCKETS)
     loss = torch.compile(model, backend="neuron", options={"fallback": "error"})(ids, ids)
     loss.backward()
     assert _families(first)[0].count("rms_norm") == 2 * cfg.n_layers + 1
@@ -146,7 +146,7 @@ def test_hugging_face_llama_step_fuses_every_norm_and_matches_eager():
     expected.backward()
     grads = [p.grad.clone() for p in model.parameters()]
     model.zero_grad()
-    first = len(runtime.COMPILED_PROGRAMS)
+    first = len(session.BUCKETS)
     compiled = torch.compile(model, backend="neuron", options={"fallback": "error"})
     loss = compiled(input_ids=ids, labels=ids).loss
     loss.backward()
