@@ -29,6 +29,7 @@ from .lowering.ir import KernelSpec
 from .nki_ops import lowering as user_kernels
 from .observe import progress
 from .observe.accounting import node_flops
+from .passes import rms_norm_fusion
 from .toolchain import Toolchain
 from .toolchain.simulator import SimulatorToolchain
 
@@ -97,6 +98,7 @@ def compile_static_graph(gm: fx.GraphModule, fallback_mode: str, target: str,
     ctx = LoweringContext.for_target(target, lnc)
     timings: dict[str, float] = {}
     start = time.perf_counter()
+    rms_norm_fusion.fuse_rms_norms(gm)  # decomposed RMSNorms -> one kernel each
     lowered = lower_graph(gm, ctx, fallback_mode, force_fallback or {})
     timings["lower"] = time.perf_counter() - start
 

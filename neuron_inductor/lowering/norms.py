@@ -19,6 +19,7 @@ import math
 import torch
 import torch.fx as fx
 
+from ..passes import rms_norm_fusion
 from .common import result_values, val
 from .context import KIB, LoweringContext
 from .ir import KernelSpec, Unsupported
@@ -213,22 +214,38 @@ def lower_layer_norm_backward(ctx: LoweringContext, node: fx.Node) -> KernelSpec
 
 # --- RMS norm ----------------------------------------------------------------------------------
 
-@register_lowering(aten._fused_rms_norm.default)
-def lower_rms_norm(ctx: LoweringContext, node: fx.Node) -> KernelSpec:
-    x, normalized_shape, weight, eps = node.args
+def _rms_norm_spec(ctx: LoweringContext, node: fx.Node, x: fx.Node, residual: fx.Node | None, weight,
+                   eps: float, reduced_ndim: int) -> KernelSpec:
     _float_input(x, "input")
     shape = _shape(x)
-    if eps is None:
-        # ATen computes in fp32 for fp32 / bf16 / fp16 inputs and defaults eps to fp32's epsilon.
-        eps = torch.finfo(torch.float32).eps
-    # Live per column: x, its squares, y, and the weight (a row and its broadcast).
-    layout = row_layout(ctx, shape, len(normalized_shape), 20)
+    # Live per column: x, its squares, y, and the weight (a row and its broadcast); with a
+    # residual, its tile too (x then holds x + residual).
+    layout = row_layout(ctx, shape, reduced_ndim, 20 if residual is None else 24)
     split = split_row_tiles(ctx, layout)
     return KernelSpec(
         family="rms_norm",
-        params={"eps": float(eps), "has_weight": weight is not None, "lnc_split": split, **layout},
-        inputs=[x, *_optional_float(weight, "weight")],
-        outputs=result_values(node), flops=4 * math.prod(shape), grid=ctx.lnc if split else 1)
+        params={"eps": float(eps), "has_weight": weight is not None, "has_residual": residual is not None,
+                "lnc_split": split, **layout},
+        inputs=[x, *_optional_float(residual, "residual"), *_optional_float(weight, "weight")],
+        outputs=result_values(node), flops=(4 if residual is None else 5) * math.prod(shape),
+        grid=ctx.lnc if split else 1)
+
+
+@register_lowering(aten._fused_rms_norm.default)
+def lower_rms_norm(ctx: LoweringContext, node: fx.Node) -> KernelSpec:
+    x, normalized_shape, weight, eps = node.args
+    if eps is None:
+        # ATen computes in fp32 for fp32 / bf16 / fp16 inputs and defaults eps to fp32's epsilon.
+        eps = torch.finfo(torch.float32).eps
+    return _rms_norm_spec(ctx, node, x, None, weight, eps, len(normalized_shape))
+
+
+@register_lowering(rms_norm_fusion.RMS_NORM)
+def lower_fused_rms_norm(ctx: LoweringContext, node: fx.Node) -> KernelSpec:
+    """The norm passes/rms_norm_fusion.py recognised in a decomposed graph: over the last dim,
+    outputs (y, rstd[, x + residual])."""
+    x, residual, weight, eps, _rstd_dtype = node.args
+    return _rms_norm_spec(ctx, node, x, residual, weight, eps, 1)
 
 
 # --- cross-entropy (nll_loss over log-probabilities) -------------------------------------------
