@@ -9,7 +9,7 @@ forward and backward, at the sizes users train.
 
 It compiles `model(ids, labels).backward()` (or a decoder layer's `mean(out^2).backward()`) with
 backend="neuron", runs it once in the NKI interpreter (the compile checks every kernel there and
-records its estimate; see compiler.check_kernels) and reports, from the compiled programs:
+records its estimate; see SimulatorToolchain.check) and reports, from the compiled programs:
 
 - the estimated step time: the sum over kernel launches of each launch's estimate (cost_model.py:
   busiest engine + serial term, or the dependency chain, + a fixed launch cost; nothing overlaps

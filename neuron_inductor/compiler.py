@@ -31,7 +31,7 @@ from .observe import progress
 from .observe.accounting import node_flops
 from .passes import rms_norm_fusion
 from .toolchain import Toolchain
-from .toolchain.simulator import SimulatorToolchain
+from .toolchain.simulator import KernelCheck, KernelRuleViolation, SimulatorToolchain
 
 log = logging.getLogger("neuron_inductor")
 
@@ -124,13 +124,6 @@ def compile_static_graph(gm: fx.GraphModule, fallback_mode: str, target: str,
     return CompiledArtifact(sources, wrapper_source, constants, meta), lowered
 
 
-class KernelRuleViolation(RuntimeError):
-    def __init__(self, kernel: str, error: Exception) -> None:
-        super().__init__(f"generated kernel {kernel} breaks a hardware rule: {error}")
-        self.kernel = kernel
-        self.error = error
-
-
 def _check_arguments(spec: KernelSpec) -> list[torch.Tensor]:
     """Zero tensors shaped like the kernel's arguments will be at run time (kernel_args), the output
     buffer of a kernel without inputs included."""
@@ -139,50 +132,12 @@ def _check_arguments(spec: KernelSpec) -> list[torch.Tensor]:
     return [torch.zeros(kernel_shape(val.shape), dtype=kernel_dtype(val.dtype)) for val in vals]
 
 
-def check_kernels(kernels: dict[str, Callable], sources: dict[str, str], lowered: LoweredGraph,
-                  target: str, verdicts=None) -> dict[str, dict]:
-    """Run every kernel once in the interpreter on zeros of its arguments' shapes and dtypes, before
-    any real data reaches it, as the Neuron compiler checks a kernel when it builds it.
-
-    The interpreter enforces the hardware rules (tile and partition limits, buffer capacity,
-    engine dtypes), which depend on shapes and dtypes, not on values. The recorded instructions
-    give each kernel's cost estimate for `target`, returned by kernel name. Raises
-    `KernelRuleViolation` naming the first kernel that breaks a rule. `verdicts` (a
-    `kernel_checks.KernelChecks`) holds generated kernels that passed before, in this graph or
-    another, in this process or an earlier one: those are not run again.
-    """
-    estimates: dict[str, dict] = {}
-    checked: dict[tuple, dict] = {}  # a model's repeated layers repeat kernels: each is run once
-    for index, spec in enumerate(lowered.kernels):
-        progress.kernel_step("check", index, len(lowered.kernels), spec.name)
-        args = _check_arguments(spec)
-        source = unnamed(sources[spec.name], spec.name)
-        same = (source, tuple((tuple(a.shape), a.dtype) for a in args))
-        if same not in checked:
-            def run_check(name=spec.name, args=args) -> dict:
-                return _check_kernel(name, kernels[name], args, target)
-
-            # nki_op kernels run the user's Python beyond their source: checked every time
-            stored = verdicts is not None and spec.family != user_kernels.FAMILY
-            checked[same] = verdicts.verdict(source, args, target, run_check) if stored else run_check()
-        estimates[spec.name] = checked[same]
-    return estimates
-
-
-def _check_kernel(name: str, kernel: Callable, args: list[torch.Tensor], target: str) -> dict:
-    try:
-        with sim.trace(isolated=True) as recorded:
-            kernel(*args)
-    except sim.NkiError as exc:
-        raise KernelRuleViolation(name, exc) from exc
-    estimate = recorded.estimate(target=target)
-    return {
-        "seconds": estimate.total_seconds,
-        "engine_seconds": dict(estimate.engine_seconds),
-        "tensor_flops": sum(i.flops for i in recorded.instructions if i.engine == "tensor"),
-        "instructions": len(recorded.instructions),
-        "dma_bytes": sum(i.bytes for i in recorded.instructions if i.engine == "dma"),
-    }
+def rule_checks(artifact: CompiledArtifact, lowered: LoweredGraph) -> list[KernelCheck]:
+    """What the rule check runs for each of the graph's kernels."""
+    # nki_op kernels run the user's Python beyond their source: their verdicts are never stored
+    return [KernelCheck(spec.name, unnamed(artifact.kernel_sources[spec.name], spec.name), _check_arguments(spec),
+                        storable=spec.family != user_kernels.FAMILY)
+            for spec in lowered.kernels]
 
 
 def build_kernels(toolchain: Toolchain, artifact: CompiledArtifact) -> dict[str, Callable]:
@@ -198,7 +153,7 @@ def build_kernels(toolchain: Toolchain, artifact: CompiledArtifact) -> dict[str,
 def compile_and_build(gm: fx.GraphModule, fallback_mode: str, toolchain: Toolchain, target: str,
                       verdicts=None, lnc: int | None = None) -> tuple[CompiledArtifact, LoweredGraph, dict[str, Callable]]:
     """Compile a static graph and build its kernels; check them in the interpreter first (kernels
-    with a stored passing verdict in `verdicts` are not run again, see `check_kernels`).
+    with a stored passing verdict in `verdicts` are not run again, see `SimulatorToolchain.check`).
 
     A kernel that breaks a hardware rule is reported by name and rule; where fallback is allowed the
     graph is lowered again with that kernel's ops on the host (and checked again), so no user data
@@ -211,11 +166,13 @@ def compile_and_build(gm: fx.GraphModule, fallback_mode: str, toolchain: Toolcha
         kernels = build_kernels(toolchain, artifact)
         artifact.meta["timings"]["compile"] = time.perf_counter() - start
         start = time.perf_counter()
-        # The interpreter checks the rules before first use whichever toolchain runs the kernels.
-        # (for the target the kernels were planned for, not the interpreter's default)
-        checked = kernels if toolchain.name == "simulator" else build_kernels(SimulatorToolchain(target), artifact)
+        # The interpreter checks the rules before first use whichever toolchain runs the kernels,
+        # for the target the kernels were planned for.
+        checker = toolchain if toolchain.name == "simulator" and toolchain.target.name == target \
+            else SimulatorToolchain(target)
+        checked = kernels if checker is toolchain else build_kernels(checker, artifact)
         try:
-            artifact.meta["estimates"] = check_kernels(checked, artifact.kernel_sources, lowered, target, verdicts)
+            artifact.meta["estimates"] = checker.check(checked, rule_checks(artifact, lowered), verdicts)
         except KernelRuleViolation as violation:
             if fallback_mode == "error":
                 raise

@@ -1,6 +1,6 @@
 """Verdicts of the interpreter's compile-time rule check, cached across graphs and processes.
 
-Checking a generated kernel (running it once on zeros, see `compiler.check_kernels`) is a pure
+Checking a generated kernel (running it once on zeros, see `SimulatorToolchain.check`) is a pure
 function of its source, its arguments' shapes and dtypes, the interpreter's own source and the
 interpreter settings that change what runs (target, fp32 storage, strict activation ranges). A
 kernel that passed is not run again for the check when the same kernel appears in another graph or

@@ -33,7 +33,7 @@ import torch
 from neuron_inductor import cache as cache_module
 from neuron_inductor import config
 from neuron_inductor.cache import CompileCache, cache_stats
-from neuron_inductor.compiler import KernelRuleViolation
+from neuron_inductor.toolchain.simulator import KernelRuleViolation
 from neuron_inductor.toolchain.simulator import SimulatorToolchain
 
 REPO = Path(__file__).resolve().parents[1]

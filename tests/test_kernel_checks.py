@@ -72,7 +72,7 @@ def test_other_shapes_and_a_changed_interpreter_are_checked_again(new_process, m
 
 
 def test_a_broken_kernel_is_never_stored_as_passing(tmp_path):
-    """check_kernels stores only passes: a rule violation raises every time it is checked."""
+    """The rule check stores only passes: a rule violation raises every time it is checked."""
     source = ("import nki.language as nl\n\n@nki.jit\ndef k(x):\n"
               "    nl.ndarray((256, 1), dtype=nl.float32, buffer=nl.sbuf)\n    return x\n")
     verdicts = kernel_checks.KernelChecks(tmp_path)
