@@ -11,6 +11,9 @@ from transformers.models.llama.modeling_llama import LlamaRMSNorm
 from neuron_inductor.observe import session
 from neuron_inductor.testing import RMSNorm, TinyLlama, TinyLlamaConfig
 
+# each test compiles into a fresh cache: a disk hit would skip the pass whose log a test reads
+pytestmark = pytest.mark.usefixtures("fresh_compile_state")
+
 # bf16: the fused kernel computes in fp32 and rounds once where eager rounds after every op
 # (a few bf16 ulps on values of magnitude ~1).
 TOLERANCES = {torch.float32: dict(rtol=1e-4, atol=1e-4), torch.bfloat16: dict(rtol=4e-2, atol=4e-2)}

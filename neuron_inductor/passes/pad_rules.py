@@ -271,6 +271,9 @@ def attention(rw: Rewriter, node: fx.Node, op, first: int = 0) -> None:
         raise Unsafe("causal attention whose query and key lengths are padded differently")
     if UNKNOWN in (key_layout, query_layout):
         raise Unsafe("attention over a sequence dim whose padding layout is not known")
+    if causal and key_layout is not None and len(key_layout) > 1:
+        # the causal mask hides padded keys only when they come after every real query
+        raise Unsafe("causal attention over a merged padded sequence dim, whose padded keys precede real queries")
     dtype = tensor_val(query).dtype  # read before mask_args replaces the operands with unannotated nodes
     specs = [(first + i, [-2], "zero") for i in tensors]
     if not forward:
