@@ -5,6 +5,9 @@ documented host fallback.
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -12,7 +15,9 @@ pytest.importorskip("transformers")
 
 from neuron_inductor.integrations.hf import compile_summary  # noqa: E402
 
-import generate  # noqa: E402  (examples/ is on sys.path through test_hf_trainer)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+import generate  # noqa: E402
+
 
 def _generate_both(texts: list[str], new_tokens: int):
     tokenizer = generate.byte_tokenizer()
