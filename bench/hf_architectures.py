@@ -238,6 +238,8 @@ def custom_formulas() -> dict:
 
 def matmul_formulas() -> dict:
     """torch's FLOP formulas plus `custom_formulas()`, all taking tensors like FlopCounterMode's registry."""
+    import neuron_inductor.lowering.lm_head_loss  # noqa: F401  (registers the fused loss's formulas)
+
     return {**flop_registry, **{packet: shape_wrapper(formula) for packet, formula in custom_formulas().items()}}
 
 

@@ -223,3 +223,22 @@ def test_hugging_face_llama_training_step(dtype, fresh_compile_state, caplog):
     torch.testing.assert_close(out.logits, expected.logits, rtol=tol, atol=tol * expected.logits.abs().max().item())
     for param, want in zip(model.parameters(), reference.parameters()):
         torch.testing.assert_close(param.grad, want.grad, rtol=tol, atol=tol * want.grad.abs().max().item())
+
+
+def test_flop_counter_counts_the_fused_ops_as_the_unfused_matmuls():
+    """FlopCounterMode (and the benches' NKI FLOPs share) counts the fused loss like the matmuls it replaces."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from neuron_inductor.lowering import lm_head_loss  # noqa: F401  (registers the ops and their formulas)
+
+    def counted(loss_of):
+        h = torch.randn(6, 16, requires_grad=True)
+        w = torch.randn(40, 16, requires_grad=True)
+        with FlopCounterMode(display=False) as counter:
+            loss_of(h, w, torch.randint(0, 40, (6,))).backward()
+        return counter.get_total_flops()
+
+    def fused(h, w, t):
+        return torch.ops.neuron_inductor.lm_head_loss(h, w, t, -100, "mean", 0.0)[0]
+
+    assert counted(fused) == counted(lambda h, w, t: F.cross_entropy(h @ w.t(), t)) == 6 * 6 * 40 * 16

@@ -24,8 +24,11 @@ The eager implementations below are the reference semantics and the visible host
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.fx as fx
+from torch.utils.flop_counter import register_flop_formula
 
 from .common import arg, result_values, val
 from .context import KIB, LoweringContext
@@ -133,6 +136,18 @@ def lm_head_loss_backward(grad_loss: torch.Tensor, hidden: torch.Tensor, weight:
 def _(grad_loss, hidden, weight, target, lse, count, ignore_index, reduction, label_smoothing, grad_logits=None,
       unscaled_grad_h=None, logits=None):
     return torch.empty_like(hidden), torch.empty_like(weight)
+
+
+# Matmul-class FLOPs as torch.utils.flop_counter counts the unfused graph (FlopCounterMode, the benches):
+# the logits' matmul forward, and its two gradient matmuls backward; the kernels' recompute is not useful work.
+@register_flop_formula([torch.ops.neuron_inductor.lm_head_loss, torch.ops.neuron_inductor.lm_head_logits_loss])
+def _lm_head_loss_flops(hidden_shape, weight_shape, *args, **kwargs) -> int:
+    return 2 * math.prod(hidden_shape[:-1]) * weight_shape[0] * weight_shape[1]
+
+
+@register_flop_formula(torch.ops.neuron_inductor.lm_head_loss_backward)
+def _lm_head_loss_backward_flops(grad_loss_shape, hidden_shape, weight_shape, *args, **kwargs) -> int:
+    return 4 * math.prod(hidden_shape[:-1]) * weight_shape[0] * weight_shape[1]
 
 
 def _save(ctx, inputs, output, with_unscaled_grad_h: bool):
