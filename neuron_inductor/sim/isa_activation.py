@@ -106,10 +106,15 @@ def _activation(api, dst, op, data, bias, scale, reduce_op, reduce_res, cmd):
                (("dst", dst), ("data", data), ("bias", bias), ("scale", scale), ("reduce_res", reduce_res)))
 
 
+def _registers(program) -> torch.Tensor:
+    """The program's ScalarE reduce registers (one per partition), made on first use."""
+    if program.reduce_regs is None:
+        program.reduce_regs = torch.zeros(rules.PMAX)
+    return program.reduce_regs
+
+
 def _reduce_registers(api, program, p, result, reduce_op, reduce_res, cmd):
-    regs = program.reduce_regs
-    if regs is None:
-        regs = program.reduce_regs = torch.zeros(rules.PMAX)
+    regs = _registers(program)
     if cmd in (reduce_cmd.reduce, reduce_cmd.reset_reduce):
         rules.add_reduce(api, reduce_op)
         total = result.sum(dim=1)
@@ -187,9 +192,7 @@ def activate2(dst, op, data, imm0, imm1, op0, op1, relu_param=0.0, reverse0=Fals
 
 def _accumulate(api, program, p, result, reduce_op, reduce_res, cmd):
     """activate2's reduce_cmd on the shared ScalarE accumulators, with any of its five reduce ops."""
-    regs = program.reduce_regs
-    if regs is None:
-        regs = program.reduce_regs = torch.zeros(rules.PMAX)
+    regs = _registers(program)
     if cmd is not reduce_cmd.idle:
         name = getattr(reduce_op, "name", None)
         if name not in _REDUCE_IDENTITY:
