@@ -33,7 +33,7 @@ import types
 
 import torch
 
-from . import dtypes
+from . import cores, dtypes
 from . import tensor as tensors
 
 _SIM_DIR = str(pathlib.Path(__file__).parent)
@@ -44,7 +44,6 @@ _OPAQUE = (types.ModuleType, type, types.FunctionType, types.BuiltinFunctionType
 
 def reclaim(pool) -> int:
     """Free the tiles of `pool` (the running program's) that no live variable reaches; -> bytes freed."""
-    from . import cores  # (cores imports context, which imports memory, which calls this)
     frames = []
     frame = sys._getframe(1)
     while frame is not None and frame.f_code is not cores._run_one.__code__:
@@ -145,7 +144,7 @@ class _Unknown(Exception):
 
 @functools.lru_cache(maxsize=512)
 def _function_liveness(code):
-    """(statement nodes with their line spans, live-in per node, live-out per node) of `code`'s function."""
+    """(statement nodes with their line spans, the names live on entry to each) of `code`'s function."""
     try:
         lines, first = inspect.getsourcelines(code)
         tree = ast.parse(textwrap.dedent("".join(lines)))
@@ -167,7 +166,7 @@ def _live_names(code, lineno) -> set | None:
     analysed = _function_liveness(code)
     if analysed is None:
         return None
-    nodes, live_in, live_out = analysed
+    nodes, live_in = analysed
     spans = [(last - first, i) for i, (first, last) in enumerate(n[0] for n in nodes) if first <= lineno <= last]
     if not spans:
         return None
@@ -176,7 +175,7 @@ def _live_names(code, lineno) -> set | None:
 
 
 class _Loop:
-    __slots__ = ("header", "breaks")
+    __slots__ = ("breaks", "header")
 
     def __init__(self, header):
         self.header, self.breaks = header, []
@@ -275,9 +274,9 @@ class _Graph:
         return node, [node]
 
     def solve(self):
-        """(nodes, live-in, live-out), by backward dataflow to the fixed point."""
+        """(nodes, live-in per node), by backward dataflow to the fixed point."""
         count = len(self.nodes)
-        live_in, live_out = [frozenset()] * count, [frozenset()] * count
+        live_in = [frozenset()] * count
         preds = [[] for _ in range(count)]
         for node, successors in enumerate(self.succ):
             for successor in successors:
@@ -288,11 +287,10 @@ class _Graph:
             out = frozenset().union(*(live_in[s] for s in self.succ[node]))
             _, uses, defs = self.nodes[node]
             new_in = uses | (out - defs)
-            live_out[node] = out
             if new_in != live_in[node]:
                 live_in[node] = frozenset(new_in)
                 work.extend(preds[node])
-        return self.nodes, live_in, live_out
+        return self.nodes, live_in
 
 
 def _uses(node) -> set:
