@@ -72,7 +72,8 @@ def _dead_allocations(frames, pool) -> list:
         live = _live_names(frame.f_code, frame.f_lineno)
         for name, value in local_vars.items():
             bindings[id(value)] = bindings.get(id(value), 0) + factor
-            if live is None or name in live or name in frame.f_code.co_freevars:
+            code = frame.f_code  # a closure's variables may be read by a later call of the inner function
+            if live is None or name in live or name in code.co_cellvars or name in code.co_freevars:
                 live_ids.add(id(value))
         local_vars = value = None  # (a name left bound here would be one more reference to count)
     nodes, children = _walk(frames)

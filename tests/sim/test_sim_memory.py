@@ -241,3 +241,22 @@ def test_tiles_referenced_from_outside_the_kernel_variables_stay_live():
             kernel()
     finally:
         _STASH.clear()
+
+
+def test_a_tile_a_closure_reads_later_stays_live():
+    @sim.jit
+    def kernel():
+        first = nl.ndarray((128, BANK_F32), nl.float32, buffer=nl.psum)
+        nisa.memset(first, 1.0)
+
+        def captured():
+            return first
+
+        others = [nl.ndarray((128, BANK_F32), nl.float32, buffer=nl.psum) for _ in range(7)]
+        extra = nl.ndarray((128, BANK_F32), nl.float32, buffer=nl.psum)  # `first` is read below, through captured()
+        for bank in others + [extra]:
+            nisa.tensor_copy(dst=bank, src=captured())
+        return None
+
+    with pytest.raises(sim.NkiCapacityError, match="live PSUM to 18432"):
+        kernel()
