@@ -6,7 +6,8 @@ k % cores, and the programs of one core run one after another (the cost model's 
 
 What one core can observe of another is its HBM traffic: SBUF, PSUM and registers are each
 program's own. So the programs advance in lockstep on their HBM accesses (`step`, called by
-every DMA: dma_copy, dma_transpose, dma_compute, nl.load / nl.store): each program counts the
+every DMA: dma_copy, dma_transpose, dma_compute, nl.load / nl.store; and by register_load /
+register_store on an HBM tensor): each program counts the
 accesses it made, and the next access made is always the one with the smallest count (ties go
 to the lower program). Between two accesses a program runs alone, touching only its own memory.
 This is cores running the same instruction stream at the same speed: two programs that zero and
