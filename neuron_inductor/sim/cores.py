@@ -117,7 +117,14 @@ def _sync_api(key) -> str:
     return f"nisa.sendrecv(pipe_id={key[1]})" if kind == "sendrecv" else f"nisa.{kind}"
 
 
-_local = threading.local()  # .group and .index of the program running on this thread
+class _Local(threading.local):
+    group = None  # the _Group of the program running on this thread, None outside multi-program launches
+    index = 0
+
+
+_local = _Local()
+_launches = 0  # multi-program launches running (in any thread): step() is free while there are none
+_launches_lock = threading.Lock()
 
 
 def run_programs(func, args, kwargs, target, grid, name):
@@ -126,6 +133,7 @@ def run_programs(func, args, kwargs, target, grid, name):
     shared = context.SharedOutputs()
     if len(ids) == 1:
         return _run_one(func, args, kwargs, target, ids[0], grid, name, shared)
+    global _launches
     group = _Group(len(ids), target.default_lnc)
     results = [None] * len(ids)
     inference = torch.is_inference_mode_enabled()
@@ -149,12 +157,18 @@ def run_programs(func, args, kwargs, target, grid, name):
                 group.finish(index)
 
     threads = [threading.Thread(target=body, args=(i,), daemon=True, name=f"{name}[{i}]") for i in range(len(ids))]
-    for t in threads:
-        t.start()
-    with group.lock:
-        group.pass_baton()
-    for t in threads:
-        t.join()
+    with _launches_lock:
+        _launches += 1
+    try:
+        for t in threads:
+            t.start()
+        with group.lock:
+            group.pass_baton()
+        for t in threads:
+            t.join()
+    finally:
+        with _launches_lock:
+            _launches -= 1
     if group.error is not None:
         raise group.error
     return results[0]
@@ -172,7 +186,9 @@ def _run_one(func, args, kwargs, target, program_id, grid, name, shared):
 def step() -> None:
     """An HBM access of the running program: it happens at this program's next lockstep position, after
     every other program's accesses at earlier positions. Free outside multi-program launches."""
-    group = getattr(_local, "group", None)
+    if not _launches:
+        return
+    group = _local.group
     if group is None:
         return
     index = _local.index
@@ -184,8 +200,7 @@ def step() -> None:
 
 def sync(api, kind, participants, payload):
     """Arrive at the next `kind` sync point with `participants`; wait for them; -> {index: payload}."""
-    group = getattr(_local, "group", None)
-    index = getattr(_local, "index", 0)
+    group, index = _local.group, _local.index
     participants = frozenset(participants)
     if group is None or index not in participants or max(participants) >= group.count:
         count = group.count if group is not None else 1
