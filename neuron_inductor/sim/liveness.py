@@ -11,13 +11,14 @@ frees them; only then is the capacity error raised, so a kernel that really keep
 tiles live still fails.
 
 A variable is live where some path of its function's control flow reaches a read of it before
-a rebinding (backward dataflow over the statements of the function's source, with loops,
-branches, break / continue, try and with). The roots are the live variables of every kernel
-frame of the program, every variable of the interpreter's own frames, the frames' closures and
-the kernel modules' globals; what they reach through lists, tuples, dicts, sets, NKI tensors and
-objects' attributes stays. A frame whose source cannot be analysed (no source, `locals()`,
-`exec`, a construct this module does not model) keeps all its variables: the rule errs towards
-keeping tiles, never towards freeing one that is still read.
+a rebinding (backward dataflow over the statements of the function's source: loops, branches,
+break / continue, with); a variable an inner function captures is always live. What the live
+variables of the program's kernel frames reach through lists, tuples, dicts, sets, NKI tensors
+and objects' attributes stays. So does every object with more references than those frames and
+that walk account for: it is also held elsewhere (an expression being evaluated, the
+interpreter's own frames, a global, a closure). A frame whose source cannot be analysed (no
+source, `try`, `match`, `global`, `locals()`, `exec`) keeps all its variables: the rule errs
+towards keeping tiles, never towards freeing one that is still read.
 """
 
 from __future__ import annotations
