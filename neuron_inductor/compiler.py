@@ -19,7 +19,7 @@ from typing import Any, Callable
 import torch
 import torch.fx as fx
 
-from . import sim
+from . import index_errors, sim
 from .codegen.kernel_args import kernel_dtype, kernel_shape
 from .codegen.render import render_kernel, template_hash, unnamed
 from .codegen.wrapper import render_wrapper
@@ -63,6 +63,7 @@ def _describe_kernel(spec: KernelSpec) -> dict[str, Any]:
         "ops": sorted({op_name(o) for o in spec.outputs if isinstance(o, fx.Node)}),
         "written_arguments": spec.written_arguments,
         "grid": spec.grid,
+        "index_bounds": spec.index_bounds,
     }
 
 
@@ -216,6 +217,7 @@ class Program:
         least the artifact's constants, by name."""
         if kernels is None:
             kernels = build_kernels(toolchain, artifact)
+        kernels = index_errors.guard_kernels(kernels, artifact.meta.get("kernels", []))
         return cls(artifact, SimpleNamespace(**kernels), {name: constants[name] for name in artifact.constants},
                    static_gm, lowered)
 
