@@ -4,8 +4,8 @@ An indexing kernel (lowering/indexing.py) checks every id it reads against its d
 indirect DMA under oob_mode.error that addresses outside the index tensor when one was out of range
 (codegen_templates/_bounds.py.j2): the kernel itself fails, on hardware as in the interpreter. The
 interpreter raises `sim.NkiIndexError` there; `guard_kernels` turns it into the exception eager
-raises for that op (IndexError for embedding, index_select, x[i] and index_put, RuntimeError for
-gather and scatter), naming the op, the dim and its size. The kernel's outputs are fresh buffers
+raises for that op (IndexError for embedding, index_select, x[i], index_put and nll_loss's
+targets, RuntimeError for gather and scatter), naming the op, the dim and its size. The kernel's outputs are fresh buffers
 the host drops with the exception, and a kernel reads no state of an earlier call, so the next call
 with good ids runs normally (the compiled program and its cache entry stay as they were).
 """
@@ -31,6 +31,8 @@ ERRORS = {"IndexError": IndexOutOfRangeError, "RuntimeError": IndexOutOfRangeRun
 def message(bounds: dict, kernel: str) -> str:
     """What went wrong, for the KernelSpec.index_bounds `bounds` of `kernel`."""
     ranges = [f"[-{size}, {size})" if bounds["from_end"] else f"[0, {size})" for size in bounds["sizes"]]
+    if "ignore_index" in bounds:  # a loss's targets
+        ranges = [f"{valid} or ignore_index {bounds['ignore_index']}" for valid in ranges]
     dims = ", ".join(f"dim {dim} of size {size} (ids in {valid})"
                      for dim, size, valid in zip(bounds["dims"], bounds["sizes"], ranges))
     return (f"{bounds['op']}: index out of range in self: an index is outside {dims} "
