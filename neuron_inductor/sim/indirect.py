@@ -14,7 +14,9 @@ that stays inside the tensor is a valid address (AWS's block KV-cache update wri
 indices through the block-length dim). dma_copy(oob_mode=error) raises NkiIndexError;
 oob_mode=skip leaves those rows untouched (the documented "skip the DMA transfer for a given
 dynamic address or index").
-Indices are read when the DMA runs, not when `.ap()` is called.
+Indices are read when the DMA runs, not when `.ap()` is called. Indirect DMAs keep their kernel
+off the replay (op_replay.py), except a vector gather under oob_mode.error (the indexing kernels'
+bounds check): its addresses are torch operations on the index tile and its validity a guard.
 """
 
 from __future__ import annotations
@@ -72,9 +74,12 @@ class IndirectView(tensors.NkiTensor):
     def __getitem__(self, key):
         raise NkiError("an indirect view cannot be sliced further; slice before calling .ap()")
 
-    def resolve(self, api):
-        """(addresses [sizes] int64 into flat, rows valid [sizes[0]] bool or None if all valid)."""
-        op_replay.deny("indirect DMA")  # its addresses come from the data: not replayed
+    def resolve(self, api, replayable: bool = False):
+        """(addresses [sizes] int64 into flat, rows valid [sizes[0]] bool or None if all valid).
+        `replayable`: the caller's DMA only reads these addresses and fails unless all are valid,
+        so a replay recomputes them from the data and guards on their validity (op_replay.py)."""
+        if not replayable or not self.vector:
+            op_replay.deny("indirect DMA")  # its addresses come from the data: not replayed
         sizes, strides = self.sizes, self.strides
         addr = torch.full((), self.base, dtype=torch.int64)
         for dim, (size, stride) in enumerate(zip(sizes, strides)):
@@ -141,7 +146,7 @@ def dma(api, dst, src, oob, copy) -> None:
     if isinstance(dst, IndirectView) and isinstance(src, IndirectView):
         raise NkiError(f"{api}: only one side of a DMA may be indirect")
     side = src if isinstance(src, IndirectView) else dst
-    addr, valid = side.resolve(api)
+    addr, valid = side.resolve(api, replayable=side is src and oob.name == "error")
     if valid is not None and oob.name == "error":
         bad = int((~valid).nonzero()[0, 0])
         raise NkiIndexError(f"{api}: indirect index for row {bad} is out of bounds: it addresses outside the "
