@@ -3,7 +3,7 @@
 Every indexing kernel checks its ids (lowering/indexing.py, codegen_templates/_bounds.py.j2): an id
 outside its dim fails the kernel's bounds-check DMA, and index_errors.py turns that into eager's
 exception type (IndexError for embedding, index_select, x[i], index_put and cross-entropy targets,
-RuntimeError for gather and scatter). In-range negative ids, padding_idx and ignore_index still
+fused with the LM head or not, RuntimeError for gather and scatter). In-range negative ids, padding_idx and ignore_index still
 work; nothing is left half-done (the next call, and a fresh process reading the disk cache, run
 normally); padded (bucketed) positions never fail the check, and an id past the real extent of a
 padded dim does. Results of good calls match eager exactly (indexing moves bits; scatter_add and
@@ -92,16 +92,20 @@ def test_index_put(accumulate):
     check(fn, (x, ints(0, -1, 2), values), (x, ints(0, 6, 2), values), "index_put", 6)
 
 
-def test_cross_entropy_targets():
-    logits = torch.randn(5, 10)
-    fn = lambda x, t: F.cross_entropy(x, t)  # noqa: E731
+@pytest.mark.parametrize("fused", [False, True], ids=["nll_loss", "lm_head_loss"])
+def test_cross_entropy_targets(fused):
+    """nll_loss's kernel and the fused LM head + cross-entropy (passes/lm_head_loss.py) check targets."""
+    hidden, weight = torch.randn(5, 16), torch.randn(10, 16)
+    fn = (lambda h, t: F.cross_entropy(h @ weight.t(), t)) if fused else (lambda x, t: F.cross_entropy(x, t))  # noqa: E731
+    x = hidden if fused else hidden @ weight.t()
     compiled = torch.compile(fn, backend="neuron")
     good = ints(1, 9, -100, 0, 3)  # ignore_index still ignored
-    torch.testing.assert_close(compiled(logits, good), fn(logits, good))
+    torch.testing.assert_close(compiled(x, good), fn(x, good))
+    op = "cross_entropy" if fused else "nll_loss"
     for bad in (ints(1, 10, -100, 0, 3), ints(1, 9, -1, 0, 3)):
-        with pytest.raises(IndexError, match="nll_loss: index out of range.*size 10.*ignore_index -100"):
-            compiled(logits, bad)
-    torch.testing.assert_close(compiled(logits, good), fn(logits, good))
+        with pytest.raises(IndexError, match=f"{op}: index out of range.*size 10.*ignore_index -100"):
+            compiled(x, bad)
+    torch.testing.assert_close(compiled(x, good), fn(x, good))
 
 
 def test_embedding_training_with_padding_idx(tmp_path):
