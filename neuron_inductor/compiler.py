@@ -207,6 +207,8 @@ class Program:
         namespace: dict[str, Any] = {}
         exec(compile(self.artifact.wrapper_source, "<neuron_inductor wrapper>", "exec"), namespace)
         self._run = namespace["run"]
+        # an indexing kernel's failed bounds check reaches the user as eager's exception
+        self.kernels = SimpleNamespace(**index_errors.guard_kernels(vars(self.kernels), self.artifact.meta.get("kernels", [])))
 
     @classmethod
     def load(cls, artifact: CompiledArtifact, toolchain: Toolchain, constants: dict[str, torch.Tensor],
@@ -217,7 +219,6 @@ class Program:
         least the artifact's constants, by name."""
         if kernels is None:
             kernels = build_kernels(toolchain, artifact)
-        kernels = index_errors.guard_kernels(kernels, artifact.meta.get("kernels", []))
         return cls(artifact, SimpleNamespace(**kernels), {name: constants[name] for name in artifact.constants},
                    static_gm, lowered)
 
