@@ -14,9 +14,7 @@ that stays inside the tensor is a valid address (AWS's block KV-cache update wri
 indices through the block-length dim). dma_copy(oob_mode=error) raises NkiIndexError;
 oob_mode=skip leaves those rows untouched (the documented "skip the DMA transfer for a given
 dynamic address or index").
-Indices are read when the DMA runs, not when `.ap()` is called. Indirect DMAs keep their kernel
-off the replay (op_replay.py), except a vector gather under oob_mode.error (the indexing kernels'
-bounds check): its addresses are torch operations on the index tile and its validity a guard.
+Indices are read when the DMA runs, not when `.ap()` is called.
 """
 
 from __future__ import annotations
