@@ -72,12 +72,8 @@ class IndirectView(tensors.NkiTensor):
     def __getitem__(self, key):
         raise NkiError("an indirect view cannot be sliced further; slice before calling .ap()")
 
-    def resolve(self, api, replayable: bool = False):
-        """(addresses [sizes] int64 into flat, rows valid [sizes[0]] bool or None if all valid).
-        `replayable`: the caller's DMA only reads these addresses and fails unless all are valid,
-        so a replay recomputes them from the data and guards on their validity (op_replay.py)."""
-        if not replayable or not self.vector:
-            op_replay.deny("indirect DMA")  # its addresses come from the data: not replayed
+    def resolve(self, api):
+        """(addresses [sizes] int64 into flat, rows valid [sizes[0]] bool or None if all valid)."""
         sizes, strides = self.sizes, self.strides
         addr = torch.full((), self.base, dtype=torch.int64)
         for dim, (size, stride) in enumerate(zip(sizes, strides)):
@@ -93,8 +89,10 @@ class IndirectView(tensors.NkiTensor):
         per_row = addr.reshape(sizes[0], -1) if self.vector else addr.reshape(1, -1)
         in_storage = ((per_row >= 0) & (per_row < self.flat.numel())).all(dim=1)
         valid = in_range & in_storage
-        if bool(valid.all()):
+        if bool(valid.all()):  # (a guard of a replay: a call with rows out of bounds runs on the slow path)
             return addr, None
+        # a scatter keeps the valid rows by a mask, whose count comes from the data (so would later shapes)
+        op_replay.deny("an indirect DMA with rows out of bounds")
         if not self.vector:
             valid = valid.expand(sizes[0])
         return addr, valid
@@ -144,7 +142,7 @@ def dma(api, dst, src, oob, copy) -> None:
     if isinstance(dst, IndirectView) and isinstance(src, IndirectView):
         raise NkiError(f"{api}: only one side of a DMA may be indirect")
     side = src if isinstance(src, IndirectView) else dst
-    addr, valid = side.resolve(api, replayable=side is src and oob.name == "error")
+    addr, valid = side.resolve(api)
     if valid is not None and oob.name == "error":
         bad = int((~valid).nonzero()[0, 0])
         raise NkiIndexError(f"{api}: indirect index for row {bad} is out of bounds: it addresses outside the "
