@@ -10,7 +10,8 @@ and shares the launch's shared_hbm tensors (SPMD: the k-th shared_hbm allocation
 program is one tensor). A sync point no other program can ever match is a deadlock error.
 
 Grids of more than one program run each program on its own Python thread (handing over
-a baton, never concurrently); torch's grad / inference mode is carried into the thread.
+a baton, never concurrently); torch's grad / inference mode and a replay's recording are
+carried into the thread.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import threading
 
 import torch
 
-from . import context
+from . import context, op_replay
 from .errors import NkiError
 
 
@@ -58,6 +59,7 @@ def run_programs(func, args, kwargs, target, grid, name):
     group = _Group(len(ids))
     results = [None] * len(ids)
     grad, inference = torch.is_grad_enabled(), torch.is_inference_mode_enabled()
+    recorder = op_replay.active()  # a replay recording this launch: each program's thread records into it
 
     def body(index):
         _local.group, _local.index = group, index
@@ -66,7 +68,7 @@ def run_programs(func, args, kwargs, target, grid, name):
                 group.cond.wait_for(lambda: group.turn == index or group.error is not None)
                 if group.error is not None:
                     return
-            with torch.inference_mode(inference), torch.set_grad_enabled(grad):
+            with torch.inference_mode(inference), torch.set_grad_enabled(grad), op_replay.recording_into(recorder):
                 results[index] = _run_one(func, args, kwargs, target, ids[index], grid, name,
                                           context.SharedOutputs(shared.tensors))
         except _Aborted:

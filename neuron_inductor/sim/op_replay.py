@@ -23,6 +23,7 @@ slow path for that signature.
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import torch
@@ -213,12 +214,39 @@ class Recorder(TorchDispatchMode):
         return _Ref(name)
 
 
+class _Forward(TorchDispatchMode):
+    """Records into a Recorder of another thread: the programs of an SPMD launch run on threads of
+    their own, one at a time (cores.py), so their operations form one sequence in the order they ran."""
+
+    def __init__(self, recorder: Recorder) -> None:
+        super().__init__()
+        self.recorder = recorder
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        return self.recorder.__torch_dispatch__(func, types, args, kwargs)
+
+
+def active() -> Recorder | None:
+    """The Recorder recording on this thread, if any."""
+    for mode in _get_current_dispatch_mode_stack():
+        if isinstance(mode, Recorder):
+            return mode
+        if isinstance(mode, _Forward):
+            return mode.recorder
+    return None
+
+
+def recording_into(recorder: Recorder | None):
+    """A context recording this thread's operations into `recorder` (None: records nothing)."""
+    return contextlib.nullcontext() if recorder is None else _Forward(recorder)
+
+
 def deny(reason: str) -> None:
     """Keep the kernel being recorded (if any) on the slow path: for instructions whose Python reads
-    values the recorder does not see as guards (indirect DMA addresses)."""
-    for mode in _get_current_dispatch_mode_stack():
-        if isinstance(mode, Recorder) and mode.denied is None:
-            mode.denied = reason
+    values the recorder does not see as guards (indirect DMA rows out of bounds)."""
+    recorder = active()
+    if recorder is not None and recorder.denied is None:
+        recorder.denied = reason
 
 
 class Plan:

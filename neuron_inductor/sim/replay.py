@@ -90,9 +90,9 @@ def note_output(t) -> None:
 
 
 def signature(args: tuple, kwargs: dict, grid, platform_target) -> tuple | None:
-    """What a replay must match (every argument's layout and dtype, the target), or None when the
-    call is not replayed (keyword or non-tensor arguments, SPMD grids, arguments sharing memory)."""
-    if kwargs or grid != (1,):
+    """What a replay must match (every argument's layout and dtype, the grid, the target), or None
+    when the call is not replayed (keyword or non-tensor arguments, arguments sharing memory)."""
+    if kwargs:
         return None
     parts, storages = [], set()
     grad = torch.is_grad_enabled()
@@ -104,7 +104,7 @@ def signature(args: tuple, kwargs: dict, grid, platform_target) -> tuple | None:
             return None
         storages.add(ptr)
         parts.append((tuple(a.shape), a.stride(), a.storage_offset(), a.dtype))
-    return (tuple(parts), get_target(platform_target).name, os.environ.get(dtypes.FP32_STORAGE_ENV, ""),
+    return (tuple(parts), grid, get_target(platform_target).name, os.environ.get(dtypes.FP32_STORAGE_ENV, ""),
             os.environ.get(rules.STRICT_ENV, ""))
 
 
@@ -221,6 +221,7 @@ def run(func, args: tuple, kwargs: dict, grid, platform_target, launch, unwrap):
                 pass  # a value-dependent read differed: this call runs normally
         return unwrap(launch())
     _RECORDER = recording = Recording(args)
+    recording.replayable = grid == (1,)  # an SPMD launch's programs share outputs: replayed as operations only
     try:
         with tracing.Trace() as recorded, op_replay.Recorder(args) as operations:
             result = launch()
