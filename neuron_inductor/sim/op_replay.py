@@ -465,7 +465,20 @@ def _calls(live: list, recorder: Recorder, result_names: set, persistent: dict, 
             calls.append(_Call(op.func, sub(op.args), sub(op.kwargs), None, (), guard=f"g{index}"))
             continue
         calls.append(_Call(op.func, sub(op.args), sub(op.kwargs), op.outs if op.new_slots else None, op.new_slots))
-    return calls, namespace
+    return _without_unread_views(calls, result_names), namespace
+
+
+def _without_unread_views(calls: list, result_names: set) -> list:
+    """`calls` less the views nothing reads: a view of a view was kept for its own view, which folding
+    made one as_strided of the root (a view computes nothing, so dropping it changes no bit)."""
+    read, kept = set(result_names), []
+    for call in reversed(calls):
+        if call.new and call.guard is None and call.func.is_view and not any(n in read for n in call.new):
+            continue
+        read.update(_names((call.args, call.kwargs)))
+        kept.append(call)
+    kept.reverse()
+    return kept
 
 
 def _binding(func):
