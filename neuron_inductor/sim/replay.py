@@ -6,7 +6,8 @@ Such a kernel's control flow, its rule checks and its trace depend on shapes onl
 checks the rules and records the trace; a replay appends the same instructions to the active traces
 and performs the same copies in the same order, bit for bit. A tile that is written whole by one DMA
 and then read whole (with no write to the source in between) is skipped: each read copies straight
-from the tile's source, the same bytes. Kernels that do anything else, that allocate private HBM,
+from the tile's source, the same bytes; the copies of one tile loop become one strided copy
+(copy_batching.py). Kernels that do anything else, that allocate private HBM,
 or whose tiles are used otherwise are never replayed (they run normally, every time).
 
 Only kernels that opt in (`Kernel(..., replay=True)`: the backend's generated kernels, which read no
@@ -20,7 +21,7 @@ import weakref
 
 import torch
 
-from . import dtypes, op_replay, rules, tracing
+from . import copy_batching, dtypes, op_replay, rules, tracing
 from .targets import get_target
 from .tensor import NkiTensor
 
@@ -187,6 +188,7 @@ def plan_for(recording: Recording, result, instructions: list) -> Plan | None:
     copies = _fuse_tiles(recording.copies)
     if copies is None:
         return None
+    copies = copy_batching.batched(copies)
     leaves = []
 
     def structure(value):
