@@ -30,7 +30,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode_stack
 from torch.utils.weak import WeakIdKeyDictionary
 
-from . import tracing
+from . import op_replay_fills, tracing
 
 MAX_OPS = 200_000  # recorded operations per kernel: bounds the generated function's size (larger: slow path)
 
@@ -305,6 +305,9 @@ def plan_for(recorder: Recorder, result, instructions: list) -> Plan | None:
     if guards and writes_arg and writes_arg[0] < guards[-1]:
         return None  # a guard after an argument was written: a failed replay could not fall back
     written = {k for op in ops for k in op.writes}
+    skipped = op_replay_fills.skippable(live, recorder.layouts, recorder.arg_keys | result_keys, persistent)
+    live = [op if i not in skipped else _as_empty(op) for i, op in enumerate(live)
+            if i not in skipped or op.func is _FULL]
     calls, namespace = _calls(live, recorder, result_names, persistent, written)
     slow = set()
     for _ in range(3):  # Python bindings where they dispatch to the recorded operation, else the op itself
@@ -314,6 +317,17 @@ def plan_for(recorder: Recorder, result, instructions: list) -> Plan | None:
             return Plan(function, instructions, {"recorded": len(ops), "replayed": len(calls), "guards": len(guards)})
         slow.update(wrong)
     return None
+
+
+_FULL = torch.ops.aten.full.default
+
+
+def _as_empty(op: _Op) -> _Op:
+    """`op`, a torch.full whose every element is overwritten before it is read, as torch.empty."""
+    empty = _Op(torch.ops.aten.empty.memory_format, op.args[:1], op.kwargs, op.outs, op.reads, op.new_slots,
+                op.in_keys, op.out_keys, op.writes, op.whole_write, op.view, op.guard)
+    empty.live, empty.runtime_guard, empty.fold = op.live, op.runtime_guard, op.fold
+    return empty
 
 
 def _tensors(value):
