@@ -27,7 +27,7 @@ def skippable(live: list, layouts: dict, caller_keys: set, persistent: dict) -> 
         if not op.view:
             for key in {*op.in_keys, *op.writes, *op.out_keys}:
                 touching.setdefault(key, []).append(index)
-    found = set()
+    found, regions = set(), _Regions(layouts)
     for index, op in enumerate(live):
         name = _filled(op)
         if name is None or (op.func is _FULL and name in persistent):
@@ -36,9 +36,9 @@ def skippable(live: list, layouts: dict, caller_keys: set, persistent: dict) -> 
         if key in caller_keys and op.func is not _FULL:
             continue
         root = name if op.func is _FULL else layouts[name][0]
-        region = _region(layouts, name, root)
+        region = regions.get(name, root)
         later = [live[i] for i in touching[key] if i > index]
-        if region is not None and _overwritten_before_read(later, layouts, key, root, region, key not in caller_keys):
+        if region is not None and _overwritten_before_read(later, regions, key, root, region, key not in caller_keys):
             found.add(index)
     return found
 
@@ -50,6 +50,23 @@ def _filled(op):
     if op.func._schema.name in _FILLS and op.reads:
         return op.reads[0]
     return None
+
+
+class _Regions:
+    """Regions of names in their roots' storages, each made once."""
+
+    def __init__(self, layouts: dict) -> None:
+        self.layouts, self.made = layouts, {}
+
+    def get(self, name: str, root: str, size: int | None = None):
+        """The region (a bool mask), padded to `size` elements if given, or None when unknown."""
+        key = (name, root, size)
+        if key not in self.made:
+            region = _region(self.layouts, name, root)
+            if size is not None and region is not None:
+                region = None if region.numel() > size else torch.cat([region, region.new_zeros(size - region.numel())])
+            self.made[key] = region
+        return self.made[key]
 
 
 def _region(layouts: dict, name: str, root: str):
@@ -71,7 +88,7 @@ def _extent(sizes, strides, offset):
     return offset + 1 + sum((n - 1) * st for n, st in zip(sizes, strides))
 
 
-def _overwritten_before_read(later: list, layouts: dict, key: int, root: str, pending: torch.Tensor,
+def _overwritten_before_read(later: list, regions: _Regions, key: int, root: str, pending: torch.Tensor,
                              private: bool) -> bool:
     """Whether the operations `later` overwrite every element of `pending` (of root's storage, `key`)
     before reading one (a `private` storage's elements may also stay unread to the end); a read
@@ -85,25 +102,16 @@ def _overwritten_before_read(later: list, layouts: dict, key: int, root: str, pe
         for position, (name, read_key) in enumerate(zip(op.reads, op.in_keys)):
             if read_key != key or (overwrite and position == 0):
                 continue
-            region = _region_in(layouts, name, root, size)
+            region = regions.get(name, root, size)
             if region is None or bool((region & pending).any()):
                 return False
         if key in op.writes:
             if not overwrite:
                 return False  # written by an operation that may read what it writes (out=, in place)
-            region = _region_in(layouts, op.reads[0], root, size)
+            region = regions.get(op.reads[0], root, size)
             if region is None:
                 return False
             pending &= ~region
             if not bool(pending.any()):
                 return True
     return private
-
-
-def _region_in(layouts: dict, name: str, root: str, size: int):
-    region = _region(layouts, name, root)
-    if region is None or region.numel() > size:
-        return None
-    if region.numel() < size:
-        region = torch.cat([region, region.new_zeros(size - region.numel())])
-    return region
