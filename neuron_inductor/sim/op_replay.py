@@ -102,8 +102,6 @@ class Recorder(TorchDispatchMode):
         self.constants: list = []
         self.ops: list[_Op] = []
         self.denied: str | None = None
-        if torch.is_inference_mode_enabled():  # composite ops (reshape) then reach ATen aliasing, not as views
-            self.denied = "recorded under inference mode"
 
     # -- naming
     def ref(self, t: torch.Tensor, func=None, position=None) -> str:
@@ -192,7 +190,7 @@ class Recorder(TorchDispatchMode):
             raise Unsupported(f"{func}: returns {type(out).__name__}")
         out_keys = tuple(_key(t) for t in _tensors(out)) if new_slots else ()
         op = _Op(func, targs, tkwargs, touts, tuple(reads), tuple(new_slots), tuple(keys), out_keys,
-                 tuple(writes), whole, func.is_view, guard)
+                 tuple(writes), whole, func.is_view and _aliases(out, args), guard)
         if op.view and len(new_slots) == 1 and isinstance(touts, _Ref) and reads and reads[0] in self.layouts:
             root = self.layouts[reads[0]][0]
             if self.layouts[root][4] is out.dtype:  # (a dtype view is no as_strided of its root)
@@ -239,6 +237,14 @@ def active() -> Recorder | None:
 def recording_into(recorder: Recorder | None):
     """A context recording this thread's operations into `recorder` (None: records nothing)."""
     return contextlib.nullcontext() if recorder is None else _Forward(recorder)
+
+
+def _aliases(out, args) -> bool:
+    """Whether a view operation's result is a view of its input. Under inference mode composite
+    operations reach the recorder undecomposed, and `reshape` / `flatten` are declared views that
+    copy when the layout cannot be viewed: those are operations reading their input."""
+    base = args[0] if args and isinstance(args[0], torch.Tensor) else None
+    return base is not None and all(_key(t) == _key(base) for t in _tensors(out))
 
 
 def deny(reason: str) -> None:
@@ -386,8 +392,8 @@ def _mark_guards(ops: list, arg_keys: set) -> None:
         if derived:
             tainted.update(op.writes)
             tainted.update(op.out_keys)
-        elif op.new_slots and not op.view:
-            tainted.difference_update(op.out_keys)  # new storage (at an address freed before, maybe)
+        elif op.new_slots and not op.view:  # new storage (at an address freed before, maybe)
+            tainted.difference_update(k for k in op.out_keys if k not in op.in_keys)
         op.runtime_guard = op.guard is not None and derived
 
 

@@ -91,7 +91,8 @@ def note_output(t) -> None:
 
 
 def signature(args: tuple, kwargs: dict, grid, platform_target) -> tuple | None:
-    """What a replay must match (every argument's layout and dtype, the grid, the target), or None
+    """What a replay must match (every argument's layout and dtype, the grid, inference mode (it changes
+    which operations torch dispatches, and its tensors are not written outside it), the target), or None
     when the call is not replayed (keyword or non-tensor arguments, arguments sharing memory)."""
     if kwargs:
         return None
@@ -105,7 +106,7 @@ def signature(args: tuple, kwargs: dict, grid, platform_target) -> tuple | None:
             return None
         storages.add(ptr)
         parts.append((tuple(a.shape), a.stride(), a.storage_offset(), a.dtype))
-    return (tuple(parts), grid, get_target(platform_target).name, os.environ.get(dtypes.FP32_STORAGE_ENV, ""),
+    return (tuple(parts), grid, torch.is_inference_mode_enabled(), get_target(platform_target).name, os.environ.get(dtypes.FP32_STORAGE_ENV, ""),
             os.environ.get(rules.STRICT_ENV, ""))
 
 

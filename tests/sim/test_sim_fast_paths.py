@@ -447,3 +447,36 @@ class _Dispatched(torch.utils._python_dispatch.TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         self.funcs.add(func)
         return func(*args, **(kwargs or {}))
+
+
+def _reshaped_read(x):
+    """Reshapes a transposed argument, which torch cannot view: the kernel reads through a copy."""
+    flat = x.reshape((x.shape[0] * x.shape[1] // 8, 8))
+    t = nl.ndarray(tuple(flat.shape), dtype=x.dtype, buffer=nl.sbuf)
+    nisa.dma_copy(dst=t, src=flat)
+    nisa.tensor_scalar(dst=t, data=t, op0=nl.multiply, operand0=2.0)
+    out = nl.ndarray(tuple(flat.shape), dtype=x.dtype, buffer=nl.shared_hbm)
+    nisa.dma_copy(dst=out, src=t)
+    return out
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_kernels_replay_under_inference_mode_with_the_same_bits_and_trace(dtype, monkeypatch):
+    """Under inference mode torch hands `reshape` to the recorder undecomposed, declared a view even
+    where it copies (the root cause of inference mode once staying on the slow path)."""
+    sim_replay.forget()
+    with torch.inference_mode():
+        runs = _runs(_reshaped_read, lambda call: torch.randn(16, 12, generator=torch.Generator().manual_seed(call))
+                     .to(dtype).t())
+        for (out, _, ops), (ref_out, _, ref_ops) in zip(runs[True], runs[False]):
+            assert ops == ref_ops and torch.equal(_bits(out), _bits(ref_out))
+        assert [type(p) for (f, _), p in sim_replay._PLANS.items() if f is _reshaped_read] == [op_replay.Plan]
+        torch._dynamo.reset()
+        gen = torch.Generator().manual_seed(3)
+        x, w, table = (torch.randn(*s, generator=gen).to(dtype) for s in [(130, 72), (72, 40), (50, 24)])
+        ids = torch.randint(0, 50, (130,), generator=gen)
+        q, k, v = (torch.randn(1, 2, 130, 16, generator=gen).to(dtype) for _ in range(3))
+        compiled = torch.compile(_many_kernels, backend="neuron")
+        compiled(x, w, table, ids, q, k, v)
+        assert _op_plans() >= 6
+        _same_outputs_and_trace(lambda: compiled(x, w, table, ids, q, k, v), monkeypatch)
