@@ -23,7 +23,8 @@ Each program runs on its own Python thread and only the holder of the baton runs
 once). The threads keep the caller's inference mode (recycled tiles depend on it) but run with
 grad disabled: kernel instructions are not differentiable, and interleaved programs writing views
 of one shared tensor would hand autograd's view histories from one program to another. A
-one-program launch runs on the caller's thread with no scheduling.
+one-program launch runs on the caller's thread with no scheduling. A replay recording the launch
+records every program's ops, in the order they run (op_replay.recording_into).
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ import threading
 
 import torch
 
-from . import context
+from . import context, op_replay
 from .errors import NkiError, NkiRuleError
 
 
@@ -137,13 +138,14 @@ def run_programs(func, args, kwargs, target, grid, name):
     group = _Group(len(ids), target.default_lnc)
     results = [None] * len(ids)
     inference = torch.is_inference_mode_enabled()
+    recorder = op_replay.active()  # a replay recording this launch: each program's thread records into it
 
     def body(index):
         _local.group, _local.index = group, index
         try:
             with group.lock:
                 group.wait_turn(index)
-            with torch.inference_mode(inference), torch.no_grad():
+            with torch.inference_mode(inference), torch.no_grad(), op_replay.recording_into(recorder):
                 results[index] = _run_one(func, args, kwargs, target, ids[index], grid, name,
                                           context.SharedOutputs(shared.tensors))
         except _Aborted:
