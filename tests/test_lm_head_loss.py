@@ -143,6 +143,41 @@ def test_compiled_step_matches_eager(name, dtype, fresh_compile_state):
         torch.testing.assert_close(grad, want, rtol=tol, atol=tol * want.abs().max().item())
 
 
+def test_training_step_runs_three_vocabulary_matmuls_on_tensor_engine(fresh_compile_state):
+    """The forward makes both gradients: TensorE does the logits, dlogits @ W and dlogits^T @ h
+    (3 x 2NVd, plus the loss's row sums), counted from the step's instruction traces, with no
+    recompute; and a cotangent that is not 1 (the loss times 2.5) reaches both gradients."""
+    h, w, y = data(torch.bfloat16)
+    fn = lambda h, w, y: PATTERNS["h @ W.t()"](h, w, y) * 2.5  # noqa: E731
+    before = len(session.BUCKETS)
+    loss, grads = compiled_step(fn, (h, w, y))
+    flops = sum(p.artifact.meta["estimates"][k["name"]]["tensor_flops"]
+                for p in session.BUCKETS[before:] for k in p.artifact.meta["kernels"])
+    assert flops == pytest.approx(3 * 2 * h.shape[0] * V * D, rel=0.01)
+    expected, expected_grads = eager_step(fn, (h, w, y))
+    torch.testing.assert_close(loss, expected, rtol=1e-5, atol=1e-5)
+    for grad, want in zip(grads, expected_grads):
+        torch.testing.assert_close(grad, want, rtol=2e-2, atol=2e-2 * want.abs().max().item())
+
+
+def test_frozen_weight_keeps_the_forward_backward_pair(fresh_compile_state, caplog):
+    """W without a gradient (a frozen LM head): grad_W is not made; the backward kernel makes grad_h."""
+    h, w, y = data(torch.float32)
+    h = h.requires_grad_()
+    before = len(session.BUCKETS)
+    torch._dynamo.reset()
+    try:
+        with caplog.at_level(logging.INFO, logger="neuron_inductor"), config.patch(fallback="error"):
+            torch.compile(PATTERNS["h @ W.t()"], backend="neuron")(h, w, y).backward()
+    finally:
+        torch._dynamo.reset()
+    assert "gradients made in the forward" not in caplog.text
+    assert fused_kernels(before) == ["lm_head_loss", "lm_head_loss"]
+    h_ref = h.detach().clone().requires_grad_()
+    PATTERNS["h @ W.t()"](h_ref, w, y).backward()
+    torch.testing.assert_close(h.grad, h_ref.grad, rtol=1e-5, atol=1e-5 * h_ref.grad.abs().max().item())
+
+
 def test_inference_graph_skips_the_backward_product(fresh_compile_state):
     """Under no_grad nothing reads softmax @ W: the forward kernel computes only the logits' loss."""
     h, w, y = data(torch.float32)

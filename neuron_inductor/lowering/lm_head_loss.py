@@ -261,35 +261,38 @@ def _row_block(ctx: LoweringContext, rows: int, bytes_per_row: float, fixed: int
     return min(fit, _cdiv(rows, partitions) * partitions)
 
 
-def plan(ctx: LoweringContext, rows: int, hidden: int, vocab: int, itemsize: int,
+def plan(ctx: LoweringContext, rows: int, hidden: int, vocab: int, itemsize: int, blocks: tuple[str, ...],
          grad_h_in_forward: bool = False) -> dict:
-    """Row blocks of each pass: the forward and the grad_h pass keep h^T of a block resident
-    (and an fp32 accumulator of softmax @ W or grad_h), the grad_W pass h^T and h; each loads W's
-    chunks once per block. A vocabulary chunk is one fp32 PSUM bank of logits per row tile."""
+    """Row blocks of the kernel's passes (`blocks`, only those it runs: each must fit the SBUF
+    panels): the forward and the grad_h pass keep h^T of a block resident (and an fp32 accumulator
+    of softmax @ W or grad_h), the grad_W pass h^T and h; each loads W's chunks once per block. A
+    vocabulary chunk is one fp32 PSUM bank of logits per row tile."""
     partitions, chunk = ctx.tile.partitions, ctx.tile.psum_fmax
     k_tiles = _cdiv(hidden, partitions)
     w_chunk = k_tiles * chunk * itemsize  # W^T (or W's rows) of one vocabulary chunk
     chunk_tiles = CHUNK_TILES * chunk
     stats = 6 * 4 / partitions  # per-row-tile fp32 statistics, per row
-    # grad_h: h^T and the fp32 accumulator per row; W^T and W's rows per chunk (and, in the
-    # forward, rows of [P, d]: the result, W[target] and sum(W))
-    grad_h_block = _row_block(ctx, rows, k_tiles * (itemsize + 4) + stats, 2 * w_chunk + chunk_tiles + 3 * hidden * 4)
-    # gradients in the forward: h^T, h, the fp32 grad_h accumulator and the chunk's dlogits per row;
-    # W^T and W's rows per chunk, and a [P, d] fp32 staging row
-    grads_fit = _row_block(ctx, rows, k_tiles * (2 * itemsize + 4) + chunk * itemsize / partitions + stats,
-                           2 * w_chunk + chunk_tiles + hidden * 4)
-    return {
-        "rows": rows, "hidden": hidden, "vocab": vocab, "k_tiles": k_tiles, "vocab_chunk": chunk,
-        # as few blocks as fit, of equal size: each block streams W twice and adds into grad_W
-        "grads_block": _cdiv(_cdiv(rows, _cdiv(rows, grads_fit)), partitions) * partitions,
-        "vocab_chunks": _cdiv(vocab, chunk), "grad_h_in_forward": grad_h_in_forward,
-        "forward_block": grad_h_block if grad_h_in_forward else _row_block(
-            ctx, rows, k_tiles * itemsize + stats, w_chunk + chunk_tiles),
-        "grad_h_block": grad_h_block,
+    # (bytes per row, fixed bytes per partition) of each pass's panels
+    grad_h = (k_tiles * (itemsize + 4) + stats, 2 * w_chunk + chunk_tiles + 3 * hidden * 4)
+    panels = {
+        # grad_h: h^T and the fp32 accumulator per row; W^T and W's rows per chunk (and, in the
+        # forward, rows of [P, d]: the result, W[target] and sum(W))
+        "grad_h_block": grad_h,
+        "forward_block": grad_h if grad_h_in_forward else (k_tiles * itemsize + stats, w_chunk + chunk_tiles),
         # grad_W: h^T, h and the chunk's gradient tiles per row; W^T and a [P, d] fp32 slab per chunk
-        "grad_w_block": _row_block(ctx, rows, 2 * k_tiles * itemsize + chunk * itemsize / partitions + stats,
-                                   w_chunk + chunk_tiles + hidden * 4),
+        "grad_w_block": (2 * k_tiles * itemsize + chunk * itemsize / partitions + stats,
+                         w_chunk + chunk_tiles + hidden * 4),
+        # gradients in the forward, the larger of its two passes: the second's h rows, fp32 grad_h
+        # accumulator and the chunk's dlogits per row (the first's h^T is freed for them); W's rows
+        # per chunk (or the first pass's W^T) and grad_W's [P, d] fp32 slab
+        "grads_block": (k_tiles * (itemsize + 4) + chunk * itemsize / partitions + stats,
+                        w_chunk + chunk_tiles + hidden * 4),
     }
+    sizes = {name: _row_block(ctx, rows, *panels[name]) for name in blocks}
+    if "grads_block" in sizes:  # as few blocks as fit, of equal size: each streams W twice and adds into grad_W
+        sizes["grads_block"] = _cdiv(_cdiv(rows, _cdiv(rows, sizes["grads_block"])), partitions) * partitions
+    return {"rows": rows, "hidden": hidden, "vocab": vocab, "k_tiles": k_tiles, "vocab_chunk": chunk,
+            "vocab_chunks": _cdiv(vocab, chunk), "grad_h_in_forward": grad_h_in_forward, **sizes}
 
 
 def _check(hidden: fx.Node, weight: fx.Node, target: fx.Node, reduction: str) -> tuple[int, int, int]:
@@ -325,7 +328,8 @@ def lower_lm_head_loss(ctx: LoweringContext, node: fx.Node) -> KernelSpec:
         raise Unsupported("W is a strided view (its rows are gathered by address from its allocation)")
     params = {"mode": "forward", "emit_logits": emit_logits, "reduction": reduction, "ignore_index": int(ignore_index),
               "label_smoothing": _check_smoothing(label_smoothing),
-              **plan(ctx, rows, dim, vocab, val(hidden).dtype.itemsize, grad_h_in_forward=grad_h_in_forward)}
+              **plan(ctx, rows, dim, vocab, val(hidden).dtype.itemsize, ("forward_block",),
+                     grad_h_in_forward=grad_h_in_forward)}
     # logits, and softmax @ W for the backward
     return KernelSpec("lm_head_loss", params, inputs=[hidden, weight, target],
                       outputs=outputs if emit_logits or grad_h_in_forward else outputs[:3],
@@ -340,7 +344,7 @@ def lower_lm_head_loss_with_grads(ctx: LoweringContext, node: fx.Node) -> Kernel
         raise Unsupported(f"reduction {reduction!r} (the gradients are made in the forward for mean or sum)")
     params = {"mode": "forward_grads", "emit_logits": False, "has_grad_logits": False, "reduction": reduction,
               "ignore_index": int(ignore_index), "label_smoothing": _check_smoothing(label_smoothing),
-              **plan(ctx, rows, dim, vocab, val(hidden).dtype.itemsize)}
+              **plan(ctx, rows, dim, vocab, val(hidden).dtype.itemsize, ("grads_block",))}
     # the logits, dlogits @ W and dlogits^T @ h: no recompute
     return KernelSpec("lm_head_loss", params, inputs=[hidden, weight, target], outputs=result_values(node),
                       flops=6 * rows * dim * vocab)
@@ -357,7 +361,8 @@ def lower_lm_head_loss_backward(ctx: LoweringContext, node: fx.Node) -> KernelSp
     rows, dim, vocab = _check(hidden, weight, target, reduction)
     params = {"mode": "backward", "has_grad_logits": grad_logits is not None, "reduction": reduction,
               "ignore_index": int(ignore_index), "label_smoothing": _check_smoothing(label_smoothing),
-              **plan(ctx, rows, dim, vocab, val(hidden).dtype.itemsize)}
+              **plan(ctx, rows, dim, vocab, val(hidden).dtype.itemsize,
+                     ("grad_h_block", "grad_w_block") if grad_logits is not None else ("grad_w_block",))}
     # The grad_W pass recomputes the logits (or, given them, reads them; then a grad_h pass reads them too).
     extra = [grad_logits, logits] if logits is not None else [unscaled_grad_h]
     return KernelSpec("lm_head_loss", params, inputs=[grad_loss, hidden, weight, target, lse, count, *extra],
