@@ -155,7 +155,8 @@ def test_training_step_runs_three_vocabulary_matmuls_on_tensor_engine(fresh_comp
                 for p in session.BUCKETS[before:] for k in p.artifact.meta["kernels"])
     assert flops == pytest.approx(3 * 2 * h.shape[0] * V * D, rel=0.01)
     expected, expected_grads = eager_step(fn, (h, w, y))
-    torch.testing.assert_close(loss, expected, rtol=1e-5, atol=1e-5)
+    # a bf16 loss: eager rounds each log-probability to bf16 before the mean
+    torch.testing.assert_close(loss, expected, rtol=2 ** -7, atol=2 ** -7)
     for grad, want in zip(grads, expected_grads):
         torch.testing.assert_close(grad, want, rtol=2e-2, atol=2e-2 * want.abs().max().item())
 
