@@ -14,6 +14,15 @@ materialises the [N, V] logits: the kernels compute them one vocabulary chunk at
 - backward: grad_h = coef * unscaled_grad_h per row, coef = valid * grad (/ count for mean);
   grad_W = dlogits^T @ h with dlogits = coef * (softmax - (1 - eps) * onehot - eps / V) recomputed
   per chunk from h, W and lse, rounded to h's dtype as eager's cast before its matmuls.
+- `lm_head_loss_with_grads` (training, reduction mean or sum; the loss is terminal, as in
+  Liger-Kernel's fused linear cross-entropy): one forward kernel makes the loss and its gradients
+  for a cotangent of 1, grad_h and grad_W (fp32), with three [N, V, d] matmuls in all (logits,
+  dlogits @ W, dlogits^T @ h) and no recompute; the backward only scales them by the cotangent.
+  Per row block (as many rows as the SBUF panels hold): a pass over the vocabulary makes the
+  logits and the online log-sum-exp, keeping the block's logits in a [block, V] HBM scratch; a
+  second pass reads them back as dlogits, whose products with W's chunk (grad_h, accumulated in
+  SBUF over the chunks) and with the block's h (grad_W's chunk, accumulated in PSUM over the
+  block's rows, then added into the fp32 grad_W over the blocks) are made at once.
 - `lm_head_logits_loss` (the graph also uses the logits) returns the logits instead of
   unscaled_grad_h, written once as they are made; its backward reads them back (a [N, V] read in
   h's dtype is much cheaper than recomputing them), adds their cotangent to dlogits and computes
@@ -36,6 +45,7 @@ from .ir import KernelSpec, Unsupported
 from .registry import register_lowering
 
 REDUCTIONS = ("mean", "sum", "none")
+GRAD_REDUCTIONS = ("mean", "sum")  # a scalar cotangent: the gradients can be made in the forward
 FLOAT_DTYPES = (torch.float32, torch.bfloat16)
 
 
@@ -73,6 +83,36 @@ def _loss(hidden, weight, target, ignore_index, reduction, label_smoothing):
     count = valid.sum().float()
     loss = per_row if reduction == "none" else per_row.sum() / count if reduction == "mean" else per_row.sum()
     return loss, lse, count, logits
+
+
+def _dlogits(logits, lse, target, ignore_index, coef, label_smoothing):
+    """coef * (softmax - (1 - eps) * onehot(target) - eps / V), fp32 (ignored rows have coef 0)."""
+    vocab = logits.shape[1]
+    onehot = torch.zeros_like(logits).scatter_(1, torch.where(target != ignore_index, target, 0)[:, None], 1.0)
+    return coef[:, None] * (torch.exp(logits - lse[:, None]) - (1.0 - label_smoothing) * onehot
+                            - label_smoothing / vocab)
+
+
+@torch.library.custom_op("neuron_inductor::lm_head_loss_with_grads", mutates_args=())
+def lm_head_loss_with_grads(hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, ignore_index: int,
+                            reduction: str, label_smoothing: float
+                            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """lm_head_loss for training, reduction "mean" or "sum": (loss, grad_hidden, grad_weight), the
+    gradients (fp32) for a cotangent of 1; dlogits are rounded to hidden's dtype before their
+    matmuls, as eager's backward rounds them."""
+    if reduction not in GRAD_REDUCTIONS:
+        raise ValueError(f"lm_head_loss_with_grads takes reduction {GRAD_REDUCTIONS}, not {reduction!r} "
+                         "(a per-row cotangent must reach grad_W: use lm_head_loss)")
+    loss, lse, count, logits = _loss(hidden, weight, target, ignore_index, reduction, label_smoothing)
+    coef = _row_coefficients(torch.tensor(1.0), target, count, ignore_index, reduction)
+    dlogits = _dlogits(logits, lse, target, ignore_index, coef, label_smoothing).to(hidden.dtype).float()
+    return loss, dlogits @ weight.float(), dlogits.t() @ hidden.float()
+
+
+@lm_head_loss_with_grads.register_fake
+def _(hidden, weight, target, ignore_index, reduction, label_smoothing):
+    return (hidden.new_empty((), dtype=torch.float32), hidden.new_empty(hidden.shape, dtype=torch.float32),
+            weight.new_empty(weight.shape, dtype=torch.float32))
 
 
 @torch.library.custom_op("neuron_inductor::lm_head_logits_loss", mutates_args=())
@@ -120,11 +160,8 @@ def lm_head_loss_backward(grad_loss: torch.Tensor, hidden: torch.Tensor, weight:
         raise ValueError("lm_head_loss_backward takes grad_logits and logits (lm_head_logits_loss) or "
                          "unscaled_grad_h (lm_head_loss)")
     logits = _logits(hidden, weight) if logits is None else logits.float()
-    vocab = logits.shape[1]
-    onehot = torch.zeros_like(logits).scatter_(1, torch.where(target != ignore_index, target, 0)[:, None], 1.0)
     coef = _row_coefficients(grad_loss, target, count, ignore_index, reduction)
-    dlogits = coef[:, None] * (torch.exp(logits - lse[:, None]) - (1.0 - label_smoothing) * onehot
-                               - label_smoothing / vocab)
+    dlogits = _dlogits(logits, lse, target, ignore_index, coef, label_smoothing)
     if grad_logits is not None:
         dlogits = (dlogits + grad_logits.float()).to(hidden.dtype)
         return dlogits @ weight, dlogits.t() @ hidden
@@ -143,6 +180,11 @@ def _(grad_loss, hidden, weight, target, lse, count, ignore_index, reduction, la
 @register_flop_formula([torch.ops.neuron_inductor.lm_head_loss, torch.ops.neuron_inductor.lm_head_logits_loss])
 def _lm_head_loss_flops(hidden_shape, weight_shape, *args, **kwargs) -> int:
     return 2 * math.prod(hidden_shape[:-1]) * weight_shape[0] * weight_shape[1]
+
+
+@register_flop_formula(torch.ops.neuron_inductor.lm_head_loss_with_grads)
+def _lm_head_loss_with_grads_flops(hidden_shape, weight_shape, *args, **kwargs) -> int:
+    return 6 * math.prod(hidden_shape[:-1]) * weight_shape[0] * weight_shape[1]
 
 
 @register_flop_formula(torch.ops.neuron_inductor.lm_head_loss_backward)
@@ -174,6 +216,21 @@ def _logits_loss_backward(ctx, grad_loss, grad_lse, grad_count, grad_logits):
     return grad_hidden, grad_weight, None, None, None, None
 
 
+def _save_grads(ctx, inputs, output):
+    """Saves the forward's gradients (the backward scales them); only the loss has a gradient."""
+    _, grad_hidden, grad_weight = output
+    ctx.save_for_backward(grad_hidden, grad_weight)
+    ctx.dtypes = (inputs[0].dtype, inputs[1].dtype)
+    ctx.mark_non_differentiable(grad_hidden, grad_weight)
+
+
+def _grads_backward(ctx, grad_loss, grad_grad_hidden, grad_grad_weight):
+    grad_hidden, grad_weight = ctx.saved_tensors
+    return ((grad_loss * grad_hidden).to(ctx.dtypes[0]), (grad_loss * grad_weight).to(ctx.dtypes[1]),
+            None, None, None, None)
+
+
+lm_head_loss_with_grads.register_autograd(_grads_backward, setup_context=_save_grads)
 lm_head_loss.register_autograd(_loss_backward, setup_context=lambda ctx, inputs, output: _save(ctx, inputs, output, True))
 lm_head_logits_loss.register_autograd(_logits_loss_backward,
                                       setup_context=lambda ctx, inputs, output: _save(ctx, inputs, output, False))
@@ -204,29 +261,38 @@ def _row_block(ctx: LoweringContext, rows: int, bytes_per_row: float, fixed: int
     return min(fit, _cdiv(rows, partitions) * partitions)
 
 
-def plan(ctx: LoweringContext, rows: int, hidden: int, vocab: int, itemsize: int,
+def plan(ctx: LoweringContext, rows: int, hidden: int, vocab: int, itemsize: int, blocks: tuple[str, ...],
          grad_h_in_forward: bool = False) -> dict:
-    """Row blocks of each pass: the forward and the grad_h pass keep h^T of a block resident
-    (and an fp32 accumulator of softmax @ W or grad_h), the grad_W pass h^T and h; each loads W's
-    chunks once per block. A vocabulary chunk is one fp32 PSUM bank of logits per row tile."""
+    """Row blocks of the kernel's passes (`blocks`, only those it runs: each must fit the SBUF
+    panels): the forward and the grad_h pass keep h^T of a block resident (and an fp32 accumulator
+    of softmax @ W or grad_h), the grad_W pass h^T and h; each loads W's chunks once per block. A
+    vocabulary chunk is one fp32 PSUM bank of logits per row tile."""
     partitions, chunk = ctx.tile.partitions, ctx.tile.psum_fmax
     k_tiles = _cdiv(hidden, partitions)
     w_chunk = k_tiles * chunk * itemsize  # W^T (or W's rows) of one vocabulary chunk
     chunk_tiles = CHUNK_TILES * chunk
     stats = 6 * 4 / partitions  # per-row-tile fp32 statistics, per row
-    # grad_h: h^T and the fp32 accumulator per row; W^T and W's rows per chunk (and, in the
-    # forward, rows of [P, d]: the result, W[target] and sum(W))
-    grad_h_block = _row_block(ctx, rows, k_tiles * (itemsize + 4) + stats, 2 * w_chunk + chunk_tiles + 3 * hidden * 4)
-    return {
-        "rows": rows, "hidden": hidden, "vocab": vocab, "k_tiles": k_tiles, "vocab_chunk": chunk,
-        "vocab_chunks": _cdiv(vocab, chunk), "grad_h_in_forward": grad_h_in_forward,
-        "forward_block": grad_h_block if grad_h_in_forward else _row_block(
-            ctx, rows, k_tiles * itemsize + stats, w_chunk + chunk_tiles),
-        "grad_h_block": grad_h_block,
-        # grad_W: h^T, h and the chunk's gradient tiles per row; W^T per chunk
-        "grad_w_block": _row_block(ctx, rows, 2 * k_tiles * itemsize + chunk * itemsize / partitions + stats,
-                                   w_chunk + chunk_tiles),
+    # (bytes per row, fixed bytes per partition) of each pass's panels
+    grad_h = (k_tiles * (itemsize + 4) + stats, 2 * w_chunk + chunk_tiles + 3 * hidden * 4)
+    panels = {
+        # grad_h: h^T and the fp32 accumulator per row; W^T and W's rows per chunk (and, in the
+        # forward, rows of [P, d]: the result, W[target] and sum(W))
+        "grad_h_block": grad_h,
+        "forward_block": grad_h if grad_h_in_forward else (k_tiles * itemsize + stats, w_chunk + chunk_tiles),
+        # grad_W: h^T, h and the chunk's gradient tiles per row; W^T and a [P, d] fp32 slab per chunk
+        "grad_w_block": (2 * k_tiles * itemsize + chunk * itemsize / partitions + stats,
+                         w_chunk + chunk_tiles + hidden * 4),
+        # gradients in the forward, the larger of its two passes: the second's h rows, fp32 grad_h
+        # accumulator and the chunk's dlogits per row (the first's h^T is freed for them); W's rows
+        # per chunk (or the first pass's W^T) and grad_W's [P, d] fp32 slab
+        "grads_block": (k_tiles * (itemsize + 4) + chunk * itemsize / partitions + stats,
+                        w_chunk + chunk_tiles + hidden * 4),
     }
+    sizes = {name: _row_block(ctx, rows, *panels[name]) for name in blocks}
+    if "grads_block" in sizes:  # as few blocks as fit, of equal size: each streams W twice and adds into grad_W
+        sizes["grads_block"] = _cdiv(_cdiv(rows, _cdiv(rows, sizes["grads_block"])), partitions) * partitions
+    return {"rows": rows, "hidden": hidden, "vocab": vocab, "k_tiles": k_tiles, "vocab_chunk": chunk,
+            "vocab_chunks": _cdiv(vocab, chunk), "grad_h_in_forward": grad_h_in_forward, **sizes}
 
 
 def _check(hidden: fx.Node, weight: fx.Node, target: fx.Node, reduction: str) -> tuple[int, int, int]:
@@ -268,11 +334,26 @@ def lower_lm_head_loss(ctx: LoweringContext, node: fx.Node) -> KernelSpec:
         raise Unsupported("W is a strided view (its rows are gathered by address from its allocation)")
     params = {"mode": "forward", "emit_logits": emit_logits, "reduction": reduction, "ignore_index": int(ignore_index),
               "label_smoothing": _check_smoothing(label_smoothing),
-              **plan(ctx, rows, dim, vocab, val(hidden).dtype.itemsize, grad_h_in_forward=grad_h_in_forward)}
+              **plan(ctx, rows, dim, vocab, val(hidden).dtype.itemsize, ("forward_block",),
+                     grad_h_in_forward=grad_h_in_forward)}
     # logits, and softmax @ W for the backward
     return KernelSpec("lm_head_loss", params, inputs=[hidden, weight, target],
                       outputs=outputs if emit_logits or grad_h_in_forward else outputs[:3],
                       flops=(4 if grad_h_in_forward else 2) * rows * dim * vocab, index_bounds=target_bounds(vocab, ignore_index))
+
+
+@register_lowering(torch.ops.neuron_inductor.lm_head_loss_with_grads.default)
+def lower_lm_head_loss_with_grads(ctx: LoweringContext, node: fx.Node) -> KernelSpec:
+    hidden, weight, target, ignore_index, reduction, label_smoothing = node.args
+    rows, dim, vocab = _check(hidden, weight, target, reduction)
+    if reduction not in GRAD_REDUCTIONS:
+        raise Unsupported(f"reduction {reduction!r} (the gradients are made in the forward for mean or sum)")
+    params = {"mode": "forward_grads", "emit_logits": False, "has_grad_logits": False, "reduction": reduction,
+              "ignore_index": int(ignore_index), "label_smoothing": _check_smoothing(label_smoothing),
+              **plan(ctx, rows, dim, vocab, val(hidden).dtype.itemsize, ("grads_block",))}
+    # the logits, dlogits @ W and dlogits^T @ h: no recompute
+    return KernelSpec("lm_head_loss", params, inputs=[hidden, weight, target], outputs=result_values(node),
+                      flops=6 * rows * dim * vocab)
 
 
 @register_lowering(torch.ops.neuron_inductor.lm_head_loss_backward.default)
@@ -286,7 +367,8 @@ def lower_lm_head_loss_backward(ctx: LoweringContext, node: fx.Node) -> KernelSp
     rows, dim, vocab = _check(hidden, weight, target, reduction)
     params = {"mode": "backward", "has_grad_logits": grad_logits is not None, "reduction": reduction,
               "ignore_index": int(ignore_index), "label_smoothing": _check_smoothing(label_smoothing),
-              **plan(ctx, rows, dim, vocab, val(hidden).dtype.itemsize)}
+              **plan(ctx, rows, dim, vocab, val(hidden).dtype.itemsize,
+                     ("grad_h_block", "grad_w_block") if grad_logits is not None else ("grad_w_block",))}
     # The grad_W pass recomputes the logits (or, given them, reads them; then a grad_h pass reads them too).
     extra = [grad_logits, logits] if logits is not None else [unscaled_grad_h]
     return KernelSpec("lm_head_loss", params, inputs=[grad_loss, hidden, weight, target, lse, count, *extra],

@@ -13,7 +13,9 @@ computed in fp32 and rounded once (eager rounds every log-probability to bf16 fi
 result is the more accurate one, within bf16 rounding of eager's). The match becomes
 `neuron_inductor::lm_head_loss(h.reshape(-1, d), W, y, ...)[0]` (lowering/lm_head_loss.py), whose
 autograd formula AOTAutograd traces into the backward graph: neither graph holds the [N, V]
-logits, their fp32 copy or the log-softmax.
+logits, their fp32 copy or the log-softmax. A training loss with reduction mean or sum (h and W
+need gradients) becomes `lm_head_loss_with_grads` instead: its forward kernel also makes grad_h and
+grad_W, and the backward graph only scales them by the loss's cotangent.
 
 When the logits themselves are also used (Hugging Face returns them as an output), the match
 becomes `lm_head_logits_loss`, whose forward kernel also writes the logits (in h's dtype, once, as
@@ -188,7 +190,7 @@ def _rewrite(graph: fx.Graph, m: _Match) -> str:
     h = _value(m.hidden)
     chain = set(m.between) | {m.loss}
     others = [user for user in m.logits.users if user not in chain]
-    op = fused.lm_head_logits_loss if others else fused.lm_head_loss
+    op = fused.lm_head_logits_loss if others else fused.lm_head_loss_with_grads if _gradients_in_forward(m) else fused.lm_head_loss
     with graph.inserting_before(m.loss):
         rows = m.hidden
         for step in m.between:  # the logits' leading-dim slices, taken of h instead
@@ -219,7 +221,17 @@ def _rewrite(graph: fx.Graph, m: _Match) -> str:
     graph.erase_node(m.logits)
     if transposed is not None and not transposed.users:
         graph.erase_node(transposed)
-    return "with the logits written once (the graph also uses them)" if others else "logits never written"
+    if others:
+        return "with the logits written once (the graph also uses them)"
+    return "logits never written" + (", gradients made in the forward" if op is fused.lm_head_loss_with_grads else "")
+
+
+def _gradients_in_forward(m: _Match) -> bool:
+    """A training loss (it, h and W need gradients) with a scalar cotangent (mean / sum): the forward
+    makes both gradients and the backward only scales them. A frozen W, or reduction "none", keeps
+    the forward + backward pair."""
+    return (m.options[1] in fused.GRAD_REDUCTIONS
+            and all(_value(n).requires_grad for n in (m.loss, m.hidden, m.weight)))
 
 
 def fuse_lm_head_loss(gm: fx.GraphModule) -> int:
@@ -248,6 +260,7 @@ def fuse_lm_head_loss(gm: fx.GraphModule) -> int:
 _PADDED_ROWS = {
     fused.lm_head_loss._opoverload: (0, 1, 2, 3),
     fused.lm_head_logits_loss._opoverload: (0, 1, 2, 3),
+    fused.lm_head_loss_with_grads._opoverload: (0, 1, 2, 3),
     fused.lm_head_loss_backward._opoverload: (1, 2, 3, 6),
 }
 _GRAD_LOGITS = 9

@@ -4,7 +4,8 @@ against eager: `F.cross_entropy((h @ W.t()).float(), y)` and its autograd gradie
 The forward kernel's loss, lse and count, and the backward kernel's grad_h / grad_W, for fp32 and
 bf16, N and d on and off the 128 tile, vocabularies 1000 and 128256, ignored rows, the three
 reductions, label smoothing, the logits-writing variant and its cotangent, and the grad_W pass
-split over several row blocks. Tolerances: the loss math is fp32 on logits rounded as eager rounds
+split over several row blocks; and the training forward that makes both gradients itself
+(lm_head_loss_with_grads), scaled by a cotangent that is not 1 as its backward scales them. Tolerances: the loss math is fp32 on logits rounded as eager rounds
 them, so fp32-level for the loss in both dtypes; bf16 gradients within the harness's 2e-2 of
 their magnitude (eager and the kernel round dlogits and the results to bf16 the same way and differ
 only in fp32 summation order).
@@ -26,6 +27,7 @@ from .harness import CTX, DTYPES, assert_close, call_kernel, kernel_for, op_grap
 FORWARD = torch.ops.neuron_inductor.lm_head_loss.default
 FORWARD_WITH_LOGITS = torch.ops.neuron_inductor.lm_head_logits_loss.default
 BACKWARD = torch.ops.neuron_inductor.lm_head_loss_backward.default
+WITH_GRADS = torch.ops.neuron_inductor.lm_head_loss_with_grads.default
 IGNORE = -100
 
 
@@ -134,3 +136,63 @@ def test_hidden_size_beyond_the_panels_is_refused():
     gm, _ = op_graph(FORWARD, hidden, weight, target, IGNORE, "mean", 0.0)
     with pytest.raises(fused.Unsupported, match="SBUF panels on trn2"):
         kernel_for(gm, FORWARD, ctx=small)
+
+
+def check_with_grads(rows, dim, vocab, dtype, reduction, eps=0.0, target=None):
+    """lm_head_loss_with_grads' kernel: the loss, and its fp32 gradients for a cotangent of 1 times a
+    cotangent of 1.5 in h's dtype (what its backward computes) against eager's for 1.5."""
+    hidden, weight, default_target = inputs(rows, dim, vocab, dtype)
+    target = default_target if target is None else target
+    grad = torch.tensor(1.5)
+    loss, _, _, _, grad_h, grad_w = eager(hidden, weight, target, reduction, eps, grad)
+    (kernel_loss, kernel_grad_h, kernel_grad_w), spec = run(WITH_GRADS, hidden, weight, target, IGNORE, reduction, eps)
+    assert kernel_grad_h.dtype == kernel_grad_w.dtype == torch.float32
+    assert_close(kernel_loss, loss)
+    assert_close((grad * kernel_grad_h).to(dtype), grad_h, fp32_rtol=2e-5)
+    assert_close((grad * kernel_grad_w).to(dtype), grad_w, fp32_rtol=2e-5)
+    return spec
+
+
+@pytest.mark.parametrize("rows,dim", [(128, 128), (130, 96)])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("reduction", fused.GRAD_REDUCTIONS)
+def test_gradients_in_the_forward_vocab_1000(rows, dim, dtype, reduction):
+    check_with_grads(rows, dim, 1000, dtype, reduction)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_gradients_in_the_forward_with_label_smoothing(dtype):
+    check_with_grads(130, 64, 1000, dtype, "mean", eps=0.1)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_gradients_in_the_forward_vocab_128256(dtype):
+    check_with_grads(130, 40, 128256, dtype, "sum")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_gradients_in_the_forward_over_several_row_blocks(dtype, monkeypatch):
+    """Blocks of 128 rows: each block's grad_W adds into the fp32 output by DMA (dma_compute)."""
+    plan = fused.plan
+    monkeypatch.setattr(fused, "plan", lambda *args, **kwargs: {**plan(*args, **kwargs), "grads_block": 128})
+    assert check_with_grads(300, 136, 1000, dtype, "mean").params["grads_block"] == 128
+
+
+def test_gradients_in_the_forward_all_rows_ignored():
+    """An all-ignored mean: loss NaN (as eager), both gradients 0 (1 / count is clamped finite)."""
+    hidden, weight, target = inputs(50, 32, 1000, torch.float32)
+    target[:] = IGNORE
+    (loss, grad_h, grad_w), _ = run(WITH_GRADS, hidden, weight, target, IGNORE, "mean", 0.0)
+    assert torch.isnan(loss)
+    assert torch.equal(grad_h, torch.zeros_like(grad_h)) and torch.equal(grad_w, torch.zeros_like(grad_w))
+
+
+def test_gradients_in_the_forward_refuse_reduction_none():
+    """A per-row cotangent cannot be folded in before the backward: the lowering says so."""
+    hidden, weight, target = inputs(8, 32, 1000, torch.float32)
+    gm, _ = op_graph(WITH_GRADS, hidden, weight, target, IGNORE, "sum", 0.0)
+    call = next(n for n in gm.graph.nodes if n.target is WITH_GRADS)
+    call.args = (*call.args[:4], "none", call.args[5])
+    with pytest.raises(fused.Unsupported, match="reduction 'none'"):
+        kernel_for(gm, WITH_GRADS)
