@@ -1,9 +1,8 @@
 """Test-suite options: `--runslow` also runs tests marked slow (the README's full-suite command);
 `--sweep` also runs the whole OpInfo sweep (tests marked sweep; as long as bench/opinfo.py).
 
-The README's command runs the suite in pytest-xdist workers (`-n auto --dist loadgroup`): each test
-must pass in any worker, after any other test; the tests sharing an expensive module fixture carry
-one `xdist_group` mark so that one worker builds it once."""
+The README's command runs the suite in pytest-xdist workers (`-n auto --dist worksteal`): each test
+must pass in any worker, after any other test, next to a test of another worker."""
 
 import os
 

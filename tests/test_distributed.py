@@ -23,10 +23,6 @@ from tests import distributed_worker
 
 REPO = Path(__file__).resolve().parents[1]
 
-# Every test but one uses the `single_process` module fixture (a training run in a subprocess):
-# under xdist (`--dist loadgroup`) they run on one worker, which builds it once.
-pytestmark = pytest.mark.xdist_group("distributed")
-
 # Per-rank partial losses and gradients averaged by a collective sum the same fp32 values in another
 # order than one process does: a few ulps, carried through three SGD steps (measured: <= 1e-7
 # relative). A wrongly scaled gradient (sum instead of mean) moves the step-2 loss by ~7%.
