@@ -1,5 +1,10 @@
 """Test-suite options: `--runslow` also runs tests marked slow (the README's full-suite command);
-`--sweep` also runs the whole OpInfo sweep (tests marked sweep; as long as bench/opinfo.py)."""
+`--sweep` also runs the whole OpInfo sweep (tests marked sweep; as long as bench/opinfo.py).
+
+The README's command runs the suite in pytest-xdist workers (`-n auto --dist worksteal`): each test
+must pass in any worker, after any other test, next to a test of another worker."""
+
+import os
 
 import pytest
 import torch
@@ -8,6 +13,13 @@ import torch
 def pytest_addoption(parser):
     parser.addoption("--runslow", action="store_true", default=False, help="also run tests marked slow")
     parser.addoption("--sweep", action="store_true", default=False, help="also run the whole OpInfo sweep")
+
+
+def pytest_configure(config):
+    # xdist workers share the cores: torch's intra-op threads of N workers would oversubscribe them.
+    workers = os.environ.get("PYTEST_XDIST_WORKER_COUNT")
+    if workers:
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(workers)))
 
 
 def pytest_collection_modifyitems(config, items):
