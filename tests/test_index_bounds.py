@@ -92,10 +92,12 @@ def test_index_put(accumulate):
     check(fn, (x, ints(0, -1, 2), values), (x, ints(0, 6, 2), values), "index_put", 6)
 
 
-@pytest.mark.parametrize("fused", [False, True], ids=["nll_loss", "lm_head_loss"])
-def test_cross_entropy_targets(fused):
-    """nll_loss's kernel and the fused LM head + cross-entropy (passes/lm_head_loss.py) check targets."""
-    hidden, weight = torch.randn(5, 16), torch.randn(10, 16)
+@pytest.mark.parametrize("fused, training", [(False, False), (True, False), (True, True)],
+                         ids=["nll_loss", "lm_head_loss", "lm_head_loss_with_grads"])
+def test_cross_entropy_targets(fused, training):
+    """nll_loss's kernel and the fused LM head + cross-entropy (passes/lm_head_loss.py; in training the
+    kernel that makes the gradients in its forward) check targets."""
+    hidden, weight = torch.randn(5, 16, requires_grad=training), torch.randn(10, 16, requires_grad=training)
     fn = (lambda h, t: F.cross_entropy(h @ weight.t(), t)) if fused else (lambda x, t: F.cross_entropy(x, t))  # noqa: E731
     x = hidden if fused else hidden @ weight.t()
     compiled = torch.compile(fn, backend="neuron")

@@ -353,7 +353,7 @@ def lower_lm_head_loss_with_grads(ctx: LoweringContext, node: fx.Node) -> Kernel
               **plan(ctx, rows, dim, vocab, val(hidden).dtype.itemsize, ("grads_block",))}
     # the logits, dlogits @ W and dlogits^T @ h: no recompute
     return KernelSpec("lm_head_loss", params, inputs=[hidden, weight, target], outputs=result_values(node),
-                      flops=6 * rows * dim * vocab)
+                      flops=6 * rows * dim * vocab, index_bounds=target_bounds(vocab, ignore_index))
 
 
 @register_lowering(torch.ops.neuron_inductor.lm_head_loss_backward.default)
