@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 from ..sim.targets import KIB
 from .ir import NL_DTYPE, PointwiseProgram, ProgramInput, on_chip_name
+from .partitions import choose_rows
 from .select import resolve_program
 
 if TYPE_CHECKING:
@@ -102,11 +103,13 @@ def plan_kernel(program: PointwiseProgram, tile: TileSizes) -> dict:
     sizes, strides, extents = coalesce(
         shape, [b[0] for b in broadcast] + [out_strides], [b[1] for b in broadcast] + [list(shape)])
 
+    order = None
     if len(sizes) >= 2:
+        sizes, strides, extents, order = choose_rows(sizes, strides, extents, tile.partitions, FREE_TILE_MAX)
         kinds = {}
         for inp, st in zip(program.inputs, strides):
             kinds[inp.name] = {(True, True): "tile", (True, False): "col", (False, True): "row",
-                               (False, False): "scalar"}[(st[-2] != 0, st[-1] != 0)]
+                               (False, False): "scalar"}[(st[order[-2]] != 0, st[-1] != 0)]
     else:
         kinds = {inp.name: "tile" if st and st[0] != 0 else "scalar" for inp, st in zip(program.inputs, strides)}
     operand_kinds = {name: "col" if kind in ("col", "scalar") else "tile" for name, kind in kinds.items()}
@@ -122,7 +125,7 @@ def plan_kernel(program: PointwiseProgram, tile: TileSizes) -> dict:
     if math.prod(shape) == 0:
         regions = []  # an empty result: nothing to compute
     elif len(sizes) >= 2:
-        regions = [_grid_region(sizes, strides, extents, inputs, outputs, kinds, free_limit, tile.partitions)]
+        regions = [_grid_region(sizes, strides, extents, inputs, outputs, kinds, free_limit, tile.partitions, order)]
     else:
         regions = _flat_regions(sizes[0] if sizes else 1, inputs, outputs, kinds, free_limit, tile.partitions)
     for region in regions:
@@ -137,15 +140,20 @@ def _load(var: str, view: str, roles: list[str], inp: ProgramInput, kind: str) -
     return {"var": var, "view": view, "roles": roles, "dtype": dtype, "kind": kind}
 
 
-def _grid_region(sizes, strides, extents, inputs, outputs, kinds, free_limit, partitions) -> dict:
-    """[lead..., rows, cols]: rows on partitions in tiles of `partitions`, cols on the free dim in large chunks."""
+def _grid_region(sizes, strides, extents, inputs, outputs, kinds, free_limit, partitions, order) -> dict:
+    """[lead..., rows, cols] in the dim order `order` (partitions.py): rows on partitions in tiles of
+    `partitions`, cols on the free dim in large chunks."""
     n_lead = len(sizes) - 2
+    lead, row = order[:n_lead], order[-2]
     levels = [{"var": f"l{i}", "start": None,
-               "variants": [{"count": sizes[i], "stride": None, "base": 0, "size": 1}]}
-              for i in range(n_lead)]
+               "variants": [{"count": sizes[d], "stride": None, "base": 0, "size": 1}]}
+              for i, d in enumerate(lead)]
     levels.append(_level("c", "c0", sizes[-1], free_limit))
-    levels.append(_level("r", "r0", sizes[-2], partitions))
-    roles_of_dims = [f"l{i}" for i in range(n_lead)] + ["row", "col"]
+    levels.append(_level("r", "r0", sizes[row], partitions))
+    roles_of_dims = [""] * len(sizes)
+    for i, d in enumerate(lead):
+        roles_of_dims[d] = f"l{i}"
+    roles_of_dims[row], roles_of_dims[-1] = "row", "col"
     views, loads = [], [[] for _ in range(len(levels) + 1)]
     for (name, inp), st, ext in zip(inputs, strides, extents):
         view = f"{name}_v" if tuple(inp.shape) != tuple(ext) else name
@@ -158,7 +166,7 @@ def _grid_region(sizes, strides, extents, inputs, outputs, kinds, free_limit, pa
         elif kind == "row":
             depth = n_lead + 1
         else:
-            depth = max((i + 1 for i in range(n_lead) if st[i] != 0), default=0)
+            depth = max((i + 1 for i, d in enumerate(lead) if st[d] != 0), default=0)
         loads[depth].append(_load(inp.name, view, roles, inp, kind))
     stores = []
     for name, out_shape in outputs:

@@ -429,3 +429,42 @@ def test_sin_argument_reduction_stays_in_range_in_strict_mode(monkeypatch):
     x = torch.linspace(-100.0, 100.0, 4096).reshape(32, 128)
     check(torch.sin, x, **FP32_COMPOSED)
     check(torch.cos, x, **FP32_COMPOSED)
+
+
+# Grids whose second-to-last coalesced dim is short (partitions.py): the last dim split onto the
+# partitions, or a longer dim put there; S on and off 128, fp32 and bf16.
+def _rows_of(fn, *args) -> int:
+    """How many rows the kernel's row tiles walk (the extent on the partitions)."""
+    spec, _ = lower(fn, *args)
+    (region,) = spec.params["regions"]
+    return sum((v["count"] or 1) * v["size"] for v in region["levels"][-1]["variants"])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("seq", [128, 130])
+def test_few_rows_times_a_broadcast_operand_fill_the_partitions(seq, dtype):
+    # rotary's x * cos + r: [B, H, S, D] * [S, D] coalesces to [H, S*D], only H rows
+    x, cos, r = randn(1, 3, seq, 64, dtype=dtype), randn(seq, 64, dtype=dtype), randn(1, 3, seq, 64, dtype=dtype)
+    fn = lambda x, c, r: x * c + r  # noqa: E731
+    assert _rows_of(fn, x, cos, r) == 128
+    check(fn, x, cos, r, **(FP32 if dtype == torch.float32 else BF16))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("seq", [128, 130])
+def test_permuted_copy_walks_the_long_dim_on_partitions(seq, dtype):
+    # attention's out.transpose(1, 2).reshape(...): [B, H, S, D] -> [B, S, H, D]
+    x = randn(2, 4, seq, 64, dtype=dtype).transpose(1, 2)
+    assert _rows_of(lambda t: t.contiguous(), x) == seq
+    (result,), _ = run_kernel(lambda t: t.contiguous(), x)
+    assert result.is_contiguous() and torch.equal(result, x.contiguous())
+    # with a per-(b, s) scale: a "col" operand of the permuted layout
+    scale = randn(2, seq, 1, 1, dtype=dtype)
+    check(lambda t, s: t.contiguous() * s, x, scale, **(FP32 if dtype == torch.float32 else BF16))
+
+
+def test_short_rows_keep_their_layout_when_no_other_pays():
+    # [8, 91]: 91 = 7 * 13 splits only into narrow columns, and no longer dim exists
+    x, y = randn(2, 4, 7, 13), randn(7, 13)
+    assert _rows_of(lambda a, b: a * b, x, y) == 8
+    check(lambda a, b: a * b, x, y, **FP32)
