@@ -454,13 +454,29 @@ def test_few_rows_times_a_broadcast_operand_fill_the_partitions(seq, dtype):
 @pytest.mark.parametrize("seq", [128, 130])
 def test_permuted_copy_walks_the_long_dim_on_partitions(seq, dtype):
     # attention's out.transpose(1, 2).reshape(...): [B, H, S, D] -> [B, S, H, D]
-    x = randn(2, 4, seq, 64, dtype=dtype).transpose(1, 2)
-    assert _rows_of(lambda t: t.contiguous(), x) == seq
-    (result,), _ = run_kernel(lambda t: t.contiguous(), x)
-    assert result.is_contiguous() and torch.equal(result, x.contiguous())
     # with a per-(b, s) scale: a "col" operand of the permuted layout
-    scale = randn(2, seq, 1, 1, dtype=dtype)
+    x, scale = randn(2, 4, seq, 64, dtype=dtype).transpose(1, 2), randn(2, seq, 1, 1, dtype=dtype)
+    assert _rows_of(lambda t, s: t.contiguous() * s, x, scale) == seq
     check(lambda t, s: t.contiguous() * s, x, scale, **(FP32 if dtype == torch.float32 else BF16))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("make", [lambda x: x.transpose(1, 2), lambda x: x[:, :, :, None].expand(2, 4, 130, 3, 64),
+                                  lambda x: x], ids=["permuted", "expanded", "contiguous"])
+def test_a_lone_copy_moves_hbm_to_hbm(make, dtype):
+    # clone / .contiguous() of a (permuted, expanded) view, nothing else in the group: a copy kernel,
+    # no engine and no SBUF tile
+    x = make(randn(2, 4, 130, 64, dtype=dtype))
+    spec, _ = lower(lambda t: t.contiguous() if not t.is_contiguous() else t.clone(), x)
+    assert spec.family == "copy"
+    (result,), trace = run_kernel(lambda t: t.contiguous() if not t.is_contiguous() else t.clone(), x)
+    assert result.is_contiguous() and torch.equal(result, x.contiguous())
+    assert {i.engine for i in trace.instructions} == {"dma"}
+
+
+def test_copies_that_cast_stay_pointwise():
+    spec, _ = lower(lambda t: t.to(torch.bfloat16), randn(130, 64))
+    assert spec.family == "pointwise"
 
 
 def test_short_rows_keep_their_layout_when_no_other_pays():
