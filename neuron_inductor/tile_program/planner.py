@@ -115,7 +115,7 @@ def plan_kernel(program: PointwiseProgram, tile: TileSizes) -> dict:
     operand_kinds = {name: "col" if kind in ("col", "scalar") else "tile" for name, kind in kinds.items()}
     hoisted = {name for name, kind in kinds.items() if kind in ("row", "scalar")}
     store_dtypes = [on_chip_name(node.meta["val"].dtype) for node, _ in program.results]
-    resolved = resolve_program(program, operand_kinds, hoisted, store_dtypes)
+    resolved = resolve_program(program, operand_kinds, hoisted, store_dtypes, tile.scalar_imm_bias)
     iteration_bytes = (tile.sbuf_bytes - SBUF_RESERVE) // 2  # this iteration's tiles, and the next one's
     free_limit = max(FREE_TILE_MIN, min(FREE_TILE_MAX, iteration_bytes // max(resolved.tile_bytes, 1)))
 

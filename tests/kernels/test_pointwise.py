@@ -378,10 +378,11 @@ def test_silu_backward_chain_bf16():
 
 
 def test_instruction_count_is_small():
-    # [256, 512] contiguous coalesces to one [128, 1024] tile: two loads, one instruction per op, one store.
+    # [256, 512] contiguous coalesces to one [128, 1024] tile: two loads, one instruction per op, one store
+    # (the + 1 on ScalarE beside the silu: VectorE has the product, engines.py).
     trace = check(lambda x, y: F.silu(x) * y + 1, randn(256, 512), randn(256, 512), **FP32_COMPOSED)
     ops = [i.op for i in trace.instructions]
-    assert ops == ["dma_copy", "dma_copy", "activation", "tensor_tensor", "tensor_scalar", "dma_copy"]
+    assert ops == ["dma_copy", "dma_copy", "activation", "tensor_tensor", "activation", "dma_copy"]
 
 
 def test_is_pointwise_rejects_unsupported():
@@ -484,3 +485,41 @@ def test_short_rows_keep_their_layout_when_no_other_pays():
     x, y = randn(2, 4, 7, 13), randn(7, 13)
     assert _rows_of(lambda a, b: a * b, x, y) == 8
     check(lambda a, b: a * b, x, y, **FP32)
+
+
+# VectorE / ScalarE balance (tile_program/engines.py): fp32 and bf16, tile and ragged shapes.
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("shape", [(128, 512), (130, 77)], ids=str)
+def test_silu_backward_moves_affine_ops_to_scalar_engine(shape, dtype):
+    g, x = randn(*shape, dtype=dtype), randn(*shape, dtype=dtype)
+    trace = check(lambda g, x: torch.ops.aten.silu_backward(g, x), g, x,
+                  **(FP32_COMPOSED if dtype == torch.float32 else BF16))
+    counts = trace.counts()
+    # sigmoid, 1 - s and (x * (1 - s)) + 1 on ScalarE; the three products on VectorE
+    assert counts[("scalar", "activation")] == counts[("vector", "tensor_tensor")]
+    assert ("vector", "tensor_scalar") not in counts
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_engine_balance_keeps_results_with_columns_casts_and_numbers(dtype):
+    # a [P, 1] scale (RMSNorm backward's rstd), an fp32 -> bf16 cast, subtract / reversed subtract
+    a, b, rstd = randn(130, 300, dtype=dtype), randn(130, 300, dtype=dtype), randn(130, 1, dtype=dtype)
+    fn = lambda a, b, r: ((a + b) * (b * r), (a * b - 2.5), 3.0 - a * b * b)  # noqa: E731
+    trace = check(fn, a, b, rstd, **(FP32_COMPOSED if dtype == torch.float32 else BF16))
+    assert ("scalar", "activation") in trace.counts()
+
+
+def test_engine_balance_needs_a_column_bias_before_neuroncore_v3():
+    from neuron_inductor.lowering.context import LoweringContext
+    from neuron_inductor.tile_program import engines
+    ins = {"op": "tensor_scalar", "dst": {"imm": None, "var": "v1", "col": False, "hoisted": False, "bits": False},
+           "alloc": "nl.float32", "col": False, "data": {"imm": None, "var": "x0", "col": False, "hoisted": False,
+                                                          "bits": False},
+           "op0": "add", "operand0": {"imm": 1.0, "var": None, "col": True, "hoisted": False, "bits": False},
+           "rev0": False, "op1": None, "operand1": None, "rev1": False}
+    busy = [dict(ins, op="tensor_tensor")] * 2 + [ins]
+    dtypes = {"v1": "float32", "x0": "float32"}
+    assert not LoweringContext.for_target("trn1").tile.scalar_imm_bias
+    assert engines.balance(busy, dtypes, imm_bias=False)[-1]["op"] == "tensor_scalar"
+    moved = engines.balance(busy, dtypes, imm_bias=True)[-1]
+    assert moved["op"] == "activation" and moved["bias"]["imm"] == 1.0 and moved["scale"]["imm"] == 1.0
