@@ -11,6 +11,11 @@ ceil(P / 8) DMA engines). Two other layouts keep the same operands and strides:
 - the last dim split into [k, cols / k] (k <= partitions dividing it), k on the partitions: a
   split of a dim of stride s is the view [s * cols / k, s], valid for every operand.
 
+When the last dim is narrow (attention's D = 128 under a permuted [B, S, H, D] view), `widen_rows`
+then moves part of a long row dim onto the free axis: rows [S] -> [S / k, k], each tile
+[S / k rows, k * D] (a [rows, k, D] box of every operand): fewer, wider DMAs (the cost model's
+per-transfer fixed cost and per-descriptor efficiency) and instructions.
+
 `choose_rows` prices each layout with VectorE's per-instruction rule (N elements per partition
 + 64 fixed cycles, nki-reference.md §3), a proxy for the DMA side too (its engines also follow
 the partition count, and its fixed cost per descriptor also favours wide columns), and takes
@@ -62,3 +67,29 @@ def choose_rows(sizes: list[int], strides: list[list[int]], extents: list[list[i
         return default
     cost, layout = min(candidates, key=lambda c: c[0])
     return layout if cost * GAIN <= _cycles_per_element(sizes[-2], sizes[-1], partitions, free_max) else default
+
+
+WIDE_COLS = 512  # a last dim narrower than this is widened by part of the row dim
+
+
+def widen_rows(sizes, strides, extents, order, kinds: list[str], partitions: int, free_limit: int):
+    """(sizes, strides, extents, order, whole): the row dim split into [rows / k, k] with k on the free
+    axis beside the last dim (`whole` = the index of the k dim, taken whole by every tile), or the
+    grid unchanged and whole None. Only when every operand is a whole tile or a scalar (`kinds`:
+    a row- or column-broadcast operand would need its tile replicated along k), the row dim keeps
+    at least `partitions` rows, and k times the last dim fits `free_limit`."""
+    row, last = order[-2], sizes[-1]
+    unchanged = (sizes, strides, extents, order, None)
+    if last >= WIDE_COLS or any(kind not in ("tile", "scalar") for kind in kinds):
+        return unchanged
+    ks = [k for k in range(2, free_limit // last + 1) if sizes[row] % k == 0 and sizes[row] // k >= partitions]
+    if not ks:
+        return unchanged
+    k = max(ks)
+    outer = sizes[row] // k
+    new_sizes = sizes[:row] + [outer, k] + sizes[row + 1:]
+    new_strides = [st[:row] + [st[row] * k, st[row]] + st[row + 1:] for st in strides]
+    new_extents = [ext[:row] + ([outer, k] if st[row] != 0 else [1, 1]) + ext[row + 1:]
+                   for ext, st in zip(extents, strides)]
+    shifted = [d + 1 if d > row else d for d in order]
+    return new_sizes, new_strides, new_extents, shifted, row + 1

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from ..sim.targets import KIB
 from .ir import NL_DTYPE, PointwiseProgram, ProgramInput, on_chip_name
-from .partitions import choose_rows
+from .partitions import choose_rows, widen_rows
 from .select import resolve_program
 
 if TYPE_CHECKING:
@@ -125,7 +125,8 @@ def plan_kernel(program: PointwiseProgram, tile: TileSizes) -> dict:
     if math.prod(shape) == 0:
         regions = []  # an empty result: nothing to compute
     elif len(sizes) >= 2:
-        regions = [_grid_region(sizes, strides, extents, inputs, outputs, kinds, free_limit, tile.partitions, order)]
+        grid = widen_rows(sizes, strides, extents, order, list(kinds.values()), tile.partitions, free_limit)
+        regions = [_grid_region(*grid, inputs, outputs, kinds, free_limit, tile.partitions)]
     else:
         regions = _flat_regions(sizes[0] if sizes else 1, inputs, outputs, kinds, free_limit, tile.partitions)
     for region in regions:
@@ -140,20 +141,28 @@ def _load(var: str, view: str, roles: list[str], inp: ProgramInput, kind: str) -
     return {"var": var, "view": view, "roles": roles, "dtype": dtype, "kind": kind}
 
 
-def _grid_region(sizes, strides, extents, inputs, outputs, kinds, free_limit, partitions, order) -> dict:
+def _grid_region(sizes, strides, extents, order, whole, inputs, outputs, kinds, free_limit, partitions) -> dict:
     """[lead..., rows, cols] in the dim order `order` (partitions.py): rows on partitions in tiles of
-    `partitions`, cols on the free dim in large chunks."""
-    n_lead = len(sizes) - 2
-    lead, row = order[:n_lead], order[-2]
+    `partitions`, cols on the free dim in large chunks; with a `whole` dim (widen_rows) each tile's
+    free axis is that dim and the last one, both whole."""
+    lead = [d for d in order[:-2] if d != whole]
+    row = order[-2]
     levels = [{"var": f"l{i}", "start": None,
                "variants": [{"count": sizes[d], "stride": None, "base": 0, "size": 1}]}
               for i, d in enumerate(lead)]
-    levels.append(_level("c", "c0", sizes[-1], free_limit))
+    if whole is None:
+        levels.append(_level("c", "c0", sizes[-1], free_limit))
+    else:
+        levels.append({"var": "c", "start": None, "variants": [{"count": None, "stride": None, "base": 0,
+                                                                "size": sizes[whole] * sizes[-1]}]})
     levels.append(_level("r", "r0", sizes[row], partitions))
     roles_of_dims = [""] * len(sizes)
     for i, d in enumerate(lead):
         roles_of_dims[d] = f"l{i}"
     roles_of_dims[row], roles_of_dims[-1] = "row", "col"
+    if whole is not None:  # slices written out whole ("0:n")
+        roles_of_dims[whole], roles_of_dims[-1] = f"0:{sizes[whole]}", f"0:{sizes[-1]}"
+    n_lead = len(lead)
     views, loads = [], [[] for _ in range(len(levels) + 1)]
     for (name, inp), st, ext in zip(inputs, strides, extents):
         view = f"{name}_v" if tuple(inp.shape) != tuple(ext) else name

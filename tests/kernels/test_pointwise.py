@@ -523,3 +523,31 @@ def test_engine_balance_needs_a_column_bias_before_neuroncore_v3():
     assert engines.balance(busy, dtypes, imm_bias=False)[-1]["op"] == "tensor_scalar"
     moved = engines.balance(busy, dtypes, imm_bias=True)[-1]
     assert moved["op"] == "activation" and moved["bias"]["imm"] == 1.0 and moved["scale"]["imm"] == 1.0
+
+
+def _free_size(fn, *args) -> int:
+    """Elements per partition of the kernel's tiles (its column level's widest chunk)."""
+    spec, _ = lower(fn, *args)
+    (region,) = spec.params["regions"]
+    column_level = next(level for level in region["levels"] if level["var"] == "c")
+    return max(v["size"] for v in column_level["variants"])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("seq", [256, 260, 384], ids=str)
+def test_narrow_rows_of_a_long_dim_widen_onto_the_free_axis(seq, dtype):
+    # rotary on q seen through a transpose: [B, S, H, D] -> [B, H, S, D] times cos [S, D] plus r; D = 64
+    # columns only, so each tile takes k rows of S beside them ([S / k, k * D] tiles)
+    q = randn(1, seq, 3, 64, dtype=dtype).transpose(1, 2)
+    cos, r = randn(seq, 64, dtype=dtype), randn(1, 3, seq, 64, dtype=dtype)
+    fn = lambda q, c, r: q * c + r  # noqa: E731
+    assert _free_size(fn, q, cos, r) == 64 * (seq // 128)
+    check(fn, q, cos, r, **(FP32 if dtype == torch.float32 else BF16))
+    check(lambda q: -q, q, **FP32)
+
+
+def test_broadcast_columns_keep_narrow_rows():
+    # a [S, 1] operand broadcast along D would need its tile replicated along k: no widening
+    q, scale = randn(1, 256, 3, 64).transpose(1, 2), randn(256, 1)
+    assert _free_size(lambda q, s: q * s, q, scale) == 64
+    check(lambda q, s: q * s, q, scale, **FP32)
