@@ -146,6 +146,27 @@ def _fold_split(group: list[int], shape, partitions: int, limit: int) -> tuple[l
     return group[:-1], group[-1:]
 
 
+WIDE_FOLD = 512  # a fold tile narrower than this takes part of its row dim onto the free axis
+
+
+def _widened_fold(tile: TileSizes, shape, reduced: set[int], dims: list[Dim], limit: int):
+    """(view shape, its reduced dims) splitting the fold's innermost partition dim [E] into [E / k, k],
+    k beside the free dims, when the fold's tiles are narrower than WIDE_FOLD elements and E / k
+    still fills the partitions (the GQA backward's [S, D = 128] tiles become [S / k, k * 128]: wider
+    DMAs and fewer instructions); (None, None) otherwise. A split is a view of any strided input."""
+    free = math.prod(d.chunk for d in dims if d.axis == "f")
+    rows = [d for d in dims if d.axis == "p"]
+    if free >= WIDE_FOLD or not rows:
+        return None, None
+    d = rows[-1].index
+    ks = [k for k in range(2, limit // free + 1) if shape[d] % k == 0 and shape[d] // k >= tile.partitions]
+    if not ks:
+        return None, None
+    k = max(ks)
+    view = tuple(shape[:d]) + (shape[d] // k, k) + tuple(shape[d + 1:])
+    return view, {r + 1 if r > d else r for r in reduced}
+
+
 def _fold_pays(kind: str, partition: list[Dim], fold: list[Dim]) -> bool:
     """Whether the "fold" walk `fold` costs fewer cycles than the "partition" walk `partition` of the
     same reduction, counted as the cost model counts them (VectorE: elements per partition, x2 for
@@ -251,6 +272,12 @@ def reduction_spec(ctx: LoweringContext, node: fx.Node, kind: str, reduced: set[
         raise Unsupported("reduction of an empty tensor")
     layout, dims = plan_dims(ctx.tile, shape, reduced, _free_limit(ctx.tile, kind), kind)
     count = math.prod(shape[d] for d in reduced)
+    view = out_view = None
+    if layout == "fold":
+        view, view_reduced = _widened_fold(ctx.tile, shape, reduced, dims, _free_limit(ctx.tile, kind)("fold"))
+        if view is not None:
+            layout, dims = plan_dims(ctx.tile, view, view_reduced, _free_limit(ctx.tile, kind), kind)
+            out_view = tuple(1 if d in view_reduced else s for d, s in enumerate(view) if keepdim or d not in view_reduced)
     if kind in ("argmax", "argmin"):
         nonunit = [d for d in reduced if shape[d] > 1]
         if len(nonunit) > 1:
@@ -269,6 +296,8 @@ def reduction_spec(ctx: LoweringContext, node: fx.Node, kind: str, reduced: set[
     index_dim = next((d.index for d in dims if d.reduced and d.extent > 1), None)
     params = {
         "layout": layout,
+        "view": view,
+        "out_view": out_view,
         "kind": kind,
         "combine": COMBINE[kind],
         "dims": [d.as_param() for d in dims],

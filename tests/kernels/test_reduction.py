@@ -334,3 +334,23 @@ def test_fold_is_chosen_only_where_it_pays():
     # the step's GQA backward: 2 reduced rows, 2048 x 128 kept elements per head
     assert _layout_of(lambda t: t.sum(2), torch.empty(1, 8, 2, 2048, 128, device="meta"),
                       aten.sum.dim_IntList) == "fold"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("keepdim", [False, True])
+@pytest.mark.parametrize("shape,dims,permuted", [((2, 512, 64), (0,), False), ((1, 2, 2, 260, 128), (2,), False),
+                                                 ((2, 384, 96), (0,), True)], ids=str)
+def test_narrow_fold_tiles_widen_through_a_view(shape, dims, permuted, keepdim, dtype):
+    # fold tiles of fewer than 512 columns take part of their row dim onto the free axis: the kernel
+    # reads the input (strided too) and writes the output through a reshaped view
+    x = (torch.randn(shape) + 1.0).to(dtype)
+    if permuted:
+        x = x.transpose(0, 1).contiguous().transpose(0, 1)
+    fn = lambda t: t.sum(dims, keepdim=keepdim)  # noqa: E731
+    gm = aten_graph(fn, x)
+    node = [n for n in gm.graph.nodes if n.target is aten.sum.dim_IntList][-1]
+    params = LOWERINGS[aten.sum.dim_IntList](CTX, node).params
+    assert params["layout"] == "fold" and params["view"] is not None
+    (out,), _, inputs = run_lowered(fn, [x], aten.sum.dim_IntList)
+    assert inputs[0].is_contiguous() != permuted
+    assert_close(out, x.float().sum(dims, keepdim=keepdim).to(dtype))
