@@ -28,7 +28,7 @@ class TileSizes:
     psum_fmax: int         # fp32 elements of one PSUM bank per partition
     psum_banks: int        # PSUM banks per partition
     sbuf_bytes: int        # usable SBUF bytes per partition (what kernels may allocate)
-    scalar_imm_bias: bool = True  # ScalarE activation takes a number as bias (NeuronCore-v3+)
+    scalar_imm_bias: bool  # ScalarE activation takes a number as bias (NeuronCore-v3+)
 
 
 @dataclass(frozen=True)
