@@ -28,6 +28,7 @@ class TileSizes:
     psum_fmax: int         # fp32 elements of one PSUM bank per partition
     psum_banks: int        # PSUM banks per partition
     sbuf_bytes: int        # usable SBUF bytes per partition (what kernels may allocate)
+    scalar_imm_bias: bool  # ScalarE activation takes a number as bias (NeuronCore-v3+)
 
 
 @dataclass(frozen=True)
@@ -64,6 +65,7 @@ def _tile_sizes(target: sim.Target) -> TileSizes:
         psum_fmax=target.psum_bank_bytes // FP32_BYTES,
         psum_banks=target.psum_bytes // target.psum_bank_bytes,
         sbuf_bytes=target.sbuf_usable_bytes,
+        scalar_imm_bias=target.nc_version >= 3,
     )
 
 

@@ -155,6 +155,33 @@ def lower_copy(ctx: LoweringContext, node: fx.Node) -> KernelSpec:
     return _lower_copy(ctx.tile, node, inplace=False)
 
 
+# Elementwise copies that are data movement only when the group holds nothing else.
+_COPY_OPS = (aten.clone.default, aten._to_copy.default)
+
+
+def lone_copy(nodes: list[fx.Node], outputs: list[fx.Node]) -> fx.Node | None:
+    """The node of a pointwise group that is one same-dtype clone / _to_copy of a tensor (None
+    otherwise). Such a group needs no engine: `lower_lone_copy` moves it HBM -> HBM, one DMA per
+    box instead of a load and a store through SBUF; a permuted source (attention's
+    out.transpose(1, 2).contiguous()) keeps its whole rows in each box."""
+    if len(nodes) != 1 or outputs != nodes or nodes[0].target not in _COPY_OPS:
+        return None
+    node = nodes[0]
+    src = node.args[0]
+    if not isinstance(src, fx.Node) or not isinstance(src.meta.get("val"), torch.Tensor):
+        return None
+    if val(src).dtype != val(node).dtype or val(src).shape != val(node).shape or val(node).numel() == 0:
+        return None
+    return node
+
+
+def lower_lone_copy(ctx: LoweringContext, node: fx.Node) -> KernelSpec:
+    """A `lone_copy` node as a copy kernel: HBM -> HBM DMAs of `plan_copy`'s boxes."""
+    src = node.args[0]
+    piece = _broadcast_piece(ctx.tile, val(node).shape, val(src).shape, 0)
+    return _spec(node, [src], [piece])
+
+
 @register_lowering(aten.cat.default)
 def lower_cat(ctx: LoweringContext, node: fx.Node) -> KernelSpec:
     tensors = list(node.args[0])

@@ -28,6 +28,7 @@ import torch.fx as fx
 
 from ..tile_program import (ERFC_COEFFICIENTS, SUPPORTED_DTYPES, ProgramBuilder, Ref, build_program,
                             is_imm, plan_kernel)
+from . import copy
 from .common import bind_arguments
 from .context import LoweringContext
 from .ir import KernelSpec, Unsupported
@@ -98,6 +99,9 @@ def is_pointwise(node: fx.Node) -> bool:
 def lower_pointwise_group(ctx: LoweringContext, nodes: list[fx.Node], outputs: list[fx.Node]) -> KernelSpec:
     """One kernel computing every node of `nodes`, returning the values of `outputs`, tiled for
     the context's target."""
+    lone = copy.lone_copy(nodes, outputs)
+    if lone is not None:
+        return copy.lower_lone_copy(ctx, lone)
     program = build_program(nodes, outputs)
     numel = math.prod(program.shape)
     params = plan_kernel(program, ctx.tile)

@@ -18,7 +18,14 @@ walked one index at a time. That yields three layouts:
                `sum(dim=0)` of a [4096, 64] tensor) -> sums are a TensorE matmul with a ones
                vector accumulating over row tiles in PSUM; other ops fold row tiles elementwise
                and finish with one TensorE transpose and a free-axis reduce;
-- "full":      everything is reduced: free-axis reduce per tile, fold, transpose, reduce.
+- "full":      everything is reduced: free-axis reduce per tile, fold, transpose, reduce;
+- "fold":      kept trailing elements on partitions and the free axis, every reduced dim walked
+               one index at a time: each tile is combined elementwise (VectorE `tensor_tensor` on
+               full-width tiles) into an SBUF accumulator of the output tile. Chosen over
+               "partition" when few reduced rows would sit on the partitions (e.g. the GQA
+               `repeat_interleave` backward, a sum over a middle dim of extent 2): there a ones-vector
+               matmul lands each output row on one partition, and its PSUM evacuation and store
+               run on one partition (`_fold_pays`).
 
 Inside a group, tiles are boxes: the innermost dims whole, one dim cut into chunks, the outer
 ones walked by index (`_box`). Arithmetic happens in fp32 (bf16 / integer inputs included);
@@ -96,10 +103,12 @@ def _groups(shape, reduced: set[int]) -> list[list[int]]:
     return groups
 
 
-def plan_dims(tile: TileSizes, shape, reduced: set[int], free_limit) -> tuple[str, list[Dim]]:
-    """The layout ("free" / "partition" / "full") and how each dim is walked with `tile`'s partitions.
+def plan_dims(tile: TileSizes, shape, reduced: set[int], free_limit, kind: str | None = None) -> tuple[str, list[Dim]]:
+    """The layout ("free" / "partition" / "full" / "fold") and how each dim is walked with `tile`'s
+    partitions.
 
-    `free_limit(layout)` gives the largest free-axis tile for that layout.
+    `free_limit(layout)` gives the largest free-axis tile for that layout. `kind` (a reduction
+    kind) allows the "fold" layout for kinds that combine elementwise (FOLD_KINDS); None: never.
     """
     shape = [int(s) for s in shape]
     groups = _groups(shape, reduced)
@@ -112,7 +121,69 @@ def plan_dims(tile: TileSizes, shape, reduced: set[int], free_limit) -> tuple[st
     else:
         f_group, p_group = groups[-1], groups[-2]
         layout = "free" if f_group[0] in reduced else "partition"
-    return layout, walk_dims(tile, shape, reduced, p_group, f_group, free_limit(layout))
+    dims = walk_dims(tile, shape, reduced, p_group, f_group, free_limit(layout))
+    if layout == "partition" and kind in FOLD_KINDS:
+        kept_p, kept_f = _fold_split(groups[-1], shape, tile.partitions, free_limit("fold"))
+        folded = walk_dims(tile, shape, reduced, kept_p, kept_f, free_limit("fold"))
+        if _fold_pays(kind, dims, folded):
+            return "fold", folded
+    return layout, dims
+
+
+# kinds the "fold" layout computes: one elementwise combine per reduced element (arg-reductions
+# track indices and variance is two-pass: both keep their layouts)
+FOLD_KINDS = frozenset({"sum", "mean", "prod", "max", "min", "any", "all"})
+
+
+def _fold_split(group: list[int], shape, partitions: int, limit: int) -> tuple[list[int], list[int]]:
+    """Split the kept trailing group of a "fold" walk: the longest suffix within `limit` elements
+    that leaves at least `partitions` rows before it, else only the last dim on the free axis (the
+    partitions are what the fold gains over ones-vector matmuls)."""
+    for split in range(1, len(group)):
+        if math.prod(shape[d] for d in group[:split]) >= partitions and \
+                math.prod(shape[d] for d in group[split:]) <= limit:
+            return group[:split], group[split:]
+    return group[:-1], group[-1:]
+
+
+WIDE_FOLD = 512  # a fold tile narrower than this takes part of its row dim onto the free axis
+
+
+def _widened_fold(tile: TileSizes, shape, reduced: set[int], dims: list[Dim], limit: int):
+    """(view shape, its reduced dims) splitting the fold's innermost partition dim [E] into [E / k, k],
+    k beside the free dims, when the fold's tiles are narrower than WIDE_FOLD elements and E / k
+    still fills the partitions (the GQA backward's [S, D = 128] tiles become [S / k, k * 128]: wider
+    DMAs and fewer instructions); (None, None) otherwise. A split is a view of any strided input."""
+    free = math.prod(d.chunk for d in dims if d.axis == "f")
+    rows = [d for d in dims if d.axis == "p"]
+    if free >= WIDE_FOLD or not rows:
+        return None, None
+    d = rows[-1].index
+    ks = [k for k in range(2, limit // free + 1) if shape[d] % k == 0 and shape[d] // k >= tile.partitions]
+    if not ks:
+        return None, None
+    k = max(ks)
+    view = tuple(shape[:d]) + (shape[d] // k, k) + tuple(shape[d + 1:])
+    return view, {r + 1 if r > d else r for r in reduced}
+
+
+def _fold_pays(kind: str, partition: list[Dim], fold: list[Dim]) -> bool:
+    """Whether the "fold" walk `fold` costs fewer cycles than the "partition" walk `partition` of the
+    same reduction, counted as the cost model counts them (VectorE: elements per partition, x2 for
+    a two-input op; TensorE: moving columns per matmul). With K kept and R reduced elements:
+
+    - partition, sums: a ones-vector matmul per [rows, cols] tile (TensorE ~ R*K / rows), then every
+      output element is evacuated from PSUM on one partition (VectorE ~ K);
+    - partition, other kinds: elementwise folds of [rows, cols] tiles (VectorE ~ 2*R*K / rows);
+    - fold: elementwise folds of [kept rows, cols] tiles and one store copy (VectorE ~ (2R + 1)*K / kept rows).
+    """
+    reduced = math.prod(d.extent for d in partition if d.reduced)
+    reduced_rows = math.prod(d.chunk for d in partition if d.axis == "p")
+    kept_rows = math.prod(d.chunk for d in fold if d.axis == "p")
+    fold_cycles = (2 * reduced + 1) / kept_rows
+    if kind in ("sum", "mean"):
+        return fold_cycles < max(1.0, reduced / reduced_rows)
+    return fold_cycles < 2 * reduced / reduced_rows
 
 
 def plan_copy(tile: TileSizes, shape) -> list[Dim]:
@@ -179,6 +250,8 @@ RESULTS = {
 
 def _free_limit(tile: TileSizes, kind: str):
     def limit(layout: str) -> int:
+        if layout == "fold":
+            return FREE_MAX // 2  # the fp32 accumulator, the loaded tile and the output tile live together
         if layout != "partition":
             return FREE_MAX
         # sums accumulate one PSUM bank; other ops transpose [rows, cols] tiles on TensorE
@@ -197,8 +270,14 @@ def reduction_spec(ctx: LoweringContext, node: fx.Node, kind: str, reduced: set[
         raise Unsupported(f"dtype {x.dtype} has no on-chip equivalent")
     if x.numel() == 0:
         raise Unsupported("reduction of an empty tensor")
-    layout, dims = plan_dims(ctx.tile, shape, reduced, _free_limit(ctx.tile, kind))
+    layout, dims = plan_dims(ctx.tile, shape, reduced, _free_limit(ctx.tile, kind), kind)
     count = math.prod(shape[d] for d in reduced)
+    view = out_view = None
+    if layout == "fold":
+        view, view_reduced = _widened_fold(ctx.tile, shape, reduced, dims, _free_limit(ctx.tile, kind)("fold"))
+        if view is not None:
+            layout, dims = plan_dims(ctx.tile, view, view_reduced, _free_limit(ctx.tile, kind), kind)
+            out_view = tuple(1 if d in view_reduced else s for d, s in enumerate(view) if keepdim or d not in view_reduced)
     if kind in ("argmax", "argmin"):
         nonunit = [d for d in reduced if shape[d] > 1]
         if len(nonunit) > 1:
@@ -217,6 +296,8 @@ def reduction_spec(ctx: LoweringContext, node: fx.Node, kind: str, reduced: set[
     index_dim = next((d.index for d in dims if d.reduced and d.extent > 1), None)
     params = {
         "layout": layout,
+        "view": view,
+        "out_view": out_view,
         "kind": kind,
         "combine": COMBINE[kind],
         "dims": [d.as_param() for d in dims],

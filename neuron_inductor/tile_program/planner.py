@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 from ..sim.targets import KIB
 from .ir import NL_DTYPE, PointwiseProgram, ProgramInput, on_chip_name
+from .partitions import choose_rows, widen_rows
 from .select import resolve_program
 
 if TYPE_CHECKING:
@@ -102,17 +103,19 @@ def plan_kernel(program: PointwiseProgram, tile: TileSizes) -> dict:
     sizes, strides, extents = coalesce(
         shape, [b[0] for b in broadcast] + [out_strides], [b[1] for b in broadcast] + [list(shape)])
 
+    order = None
     if len(sizes) >= 2:
+        sizes, strides, extents, order = choose_rows(sizes, strides, extents, tile.partitions, FREE_TILE_MAX)
         kinds = {}
         for inp, st in zip(program.inputs, strides):
             kinds[inp.name] = {(True, True): "tile", (True, False): "col", (False, True): "row",
-                               (False, False): "scalar"}[(st[-2] != 0, st[-1] != 0)]
+                               (False, False): "scalar"}[(st[order[-2]] != 0, st[-1] != 0)]
     else:
         kinds = {inp.name: "tile" if st and st[0] != 0 else "scalar" for inp, st in zip(program.inputs, strides)}
     operand_kinds = {name: "col" if kind in ("col", "scalar") else "tile" for name, kind in kinds.items()}
     hoisted = {name for name, kind in kinds.items() if kind in ("row", "scalar")}
     store_dtypes = [on_chip_name(node.meta["val"].dtype) for node, _ in program.results]
-    resolved = resolve_program(program, operand_kinds, hoisted, store_dtypes)
+    resolved = resolve_program(program, operand_kinds, hoisted, store_dtypes, tile.scalar_imm_bias)
     iteration_bytes = (tile.sbuf_bytes - SBUF_RESERVE) // 2  # this iteration's tiles, and the next one's
     free_limit = max(FREE_TILE_MIN, min(FREE_TILE_MAX, iteration_bytes // max(resolved.tile_bytes, 1)))
 
@@ -122,7 +125,8 @@ def plan_kernel(program: PointwiseProgram, tile: TileSizes) -> dict:
     if math.prod(shape) == 0:
         regions = []  # an empty result: nothing to compute
     elif len(sizes) >= 2:
-        regions = [_grid_region(sizes, strides, extents, inputs, outputs, kinds, free_limit, tile.partitions)]
+        grid = widen_rows(sizes, strides, extents, order, list(kinds.values()), tile.partitions, free_limit)
+        regions = [_grid_region(*grid, inputs, outputs, kinds, free_limit, tile.partitions)]
     else:
         regions = _flat_regions(sizes[0] if sizes else 1, inputs, outputs, kinds, free_limit, tile.partitions)
     for region in regions:
@@ -137,15 +141,28 @@ def _load(var: str, view: str, roles: list[str], inp: ProgramInput, kind: str) -
     return {"var": var, "view": view, "roles": roles, "dtype": dtype, "kind": kind}
 
 
-def _grid_region(sizes, strides, extents, inputs, outputs, kinds, free_limit, partitions) -> dict:
-    """[lead..., rows, cols]: rows on partitions in tiles of `partitions`, cols on the free dim in large chunks."""
-    n_lead = len(sizes) - 2
+def _grid_region(sizes, strides, extents, order, whole, inputs, outputs, kinds, free_limit, partitions) -> dict:
+    """[lead..., rows, cols] in the dim order `order` (partitions.py): rows on partitions in tiles of
+    `partitions`, cols on the free dim in large chunks; with a `whole` dim (widen_rows) each tile's
+    free axis is that dim and the last one, both whole."""
+    lead = [d for d in order[:-2] if d != whole]
+    row = order[-2]
     levels = [{"var": f"l{i}", "start": None,
-               "variants": [{"count": sizes[i], "stride": None, "base": 0, "size": 1}]}
-              for i in range(n_lead)]
-    levels.append(_level("c", "c0", sizes[-1], free_limit))
-    levels.append(_level("r", "r0", sizes[-2], partitions))
-    roles_of_dims = [f"l{i}" for i in range(n_lead)] + ["row", "col"]
+               "variants": [{"count": sizes[d], "stride": None, "base": 0, "size": 1}]}
+              for i, d in enumerate(lead)]
+    if whole is None:
+        levels.append(_level("c", "c0", sizes[-1], free_limit))
+    else:
+        levels.append({"var": "c", "start": None, "variants": [{"count": None, "stride": None, "base": 0,
+                                                                "size": sizes[whole] * sizes[-1]}]})
+    levels.append(_level("r", "r0", sizes[row], partitions))
+    roles_of_dims = [""] * len(sizes)
+    for i, d in enumerate(lead):
+        roles_of_dims[d] = f"l{i}"
+    roles_of_dims[row], roles_of_dims[-1] = "row", "col"
+    if whole is not None:  # slices written out whole ("0:n")
+        roles_of_dims[whole], roles_of_dims[-1] = f"0:{sizes[whole]}", f"0:{sizes[-1]}"
+    n_lead = len(lead)
     views, loads = [], [[] for _ in range(len(levels) + 1)]
     for (name, inp), st, ext in zip(inputs, strides, extents):
         view = f"{name}_v" if tuple(inp.shape) != tuple(ext) else name
@@ -158,7 +175,7 @@ def _grid_region(sizes, strides, extents, inputs, outputs, kinds, free_limit, pa
         elif kind == "row":
             depth = n_lead + 1
         else:
-            depth = max((i + 1 for i in range(n_lead) if st[i] != 0), default=0)
+            depth = max((i + 1 for i, d in enumerate(lead) if st[d] != 0), default=0)
         loads[depth].append(_load(inp.name, view, roles, inp, kind))
     stores = []
     for name, out_shape in outputs:

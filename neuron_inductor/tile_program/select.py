@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from . import engines
 from .ir import ITEMSIZE, NL_DTYPE, PointwiseProgram, Ref, is_imm
 
 # Bit ops take integer column operands as they are (tensor_scalar wants fp32 columns otherwise).
@@ -84,11 +85,13 @@ class _Resolver:
 
 
 def resolve_program(program: PointwiseProgram, kinds: dict[str, str], hoisted: set[str],
-                    store_dtypes: list[str]) -> ResolvedProgram:
+                    store_dtypes: list[str], balance_imm_bias: bool | None = None) -> ResolvedProgram:
     """Bind inputs to operand kinds ("tile" / "col") and pick each instruction's nisa form.
 
     `hoisted` names input tiles loaded outside the iteration (never overwritten in place);
-    `store_dtypes[i]` is the on-chip dtype result i must have for its store.
+    `store_dtypes[i]` is the on-chip dtype result i must have for its store. Unless
+    `balance_imm_bias` is None, VectorE ops move to ScalarE where that pays (engines.py; True: the
+    target's activation takes a number as bias).
     """
     r = _Resolver(program, kinds, hoisted)
     instrs = program.instrs
@@ -201,4 +204,5 @@ def resolve_program(program: PointwiseProgram, kinds: dict[str, str], hoisted: s
         stores.append(dst)
     tile_bytes = sum(ITEMSIZE[d] for d in r.tiles.values())
     tile_bytes += sum(ITEMSIZE[r.dtype[name]] for name, kind in kinds.items() if kind == "tile")
-    return ResolvedProgram(r.out, stores, tile_bytes)
+    instrs = r.out if balance_imm_bias is None else engines.balance(r.out, r.alloc_dtype, balance_imm_bias)
+    return ResolvedProgram(instrs, stores, tile_bytes)

@@ -378,10 +378,11 @@ def test_silu_backward_chain_bf16():
 
 
 def test_instruction_count_is_small():
-    # [256, 512] contiguous coalesces to one [128, 1024] tile: two loads, one instruction per op, one store.
+    # [256, 512] contiguous coalesces to one [128, 1024] tile: two loads, one instruction per op, one store
+    # (the + 1 on ScalarE beside the silu: VectorE has the product, engines.py).
     trace = check(lambda x, y: F.silu(x) * y + 1, randn(256, 512), randn(256, 512), **FP32_COMPOSED)
     ops = [i.op for i in trace.instructions]
-    assert ops == ["dma_copy", "dma_copy", "activation", "tensor_tensor", "tensor_scalar", "dma_copy"]
+    assert ops == ["dma_copy", "dma_copy", "activation", "tensor_tensor", "activation", "dma_copy"]
 
 
 def test_is_pointwise_rejects_unsupported():
@@ -429,3 +430,133 @@ def test_sin_argument_reduction_stays_in_range_in_strict_mode(monkeypatch):
     x = torch.linspace(-100.0, 100.0, 4096).reshape(32, 128)
     check(torch.sin, x, **FP32_COMPOSED)
     check(torch.cos, x, **FP32_COMPOSED)
+
+
+# Grids whose second-to-last coalesced dim is short (partitions.py): the last dim split onto the
+# partitions, or a longer dim put there; S on and off 128, fp32 and bf16.
+def _rows_of(fn, *args) -> int:
+    """How many rows the kernel's row tiles walk (the extent on the partitions)."""
+    spec, _ = lower(fn, *args)
+    (region,) = spec.params["regions"]
+    return sum((v["count"] or 1) * v["size"] for v in region["levels"][-1]["variants"])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("seq", [128, 130])
+def test_few_rows_times_a_broadcast_operand_fill_the_partitions(seq, dtype):
+    # rotary's x * cos + r: [B, H, S, D] * [S, D] coalesces to [H, S*D], only H rows
+    x, cos, r = randn(1, 3, seq, 64, dtype=dtype), randn(seq, 64, dtype=dtype), randn(1, 3, seq, 64, dtype=dtype)
+    fn = lambda x, c, r: x * c + r  # noqa: E731
+    assert _rows_of(fn, x, cos, r) == 128
+    check(fn, x, cos, r, **(FP32 if dtype == torch.float32 else BF16))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("seq", [128, 130])
+def test_permuted_copy_walks_the_long_dim_on_partitions(seq, dtype):
+    # attention's out.transpose(1, 2).reshape(...): [B, H, S, D] -> [B, S, H, D]
+    # with a per-(b, s) scale: a "col" operand of the permuted layout
+    x, scale = randn(2, 4, seq, 64, dtype=dtype).transpose(1, 2), randn(2, seq, 1, 1, dtype=dtype)
+    assert _rows_of(lambda t, s: t.contiguous() * s, x, scale) == seq
+    check(lambda t, s: t.contiguous() * s, x, scale, **(FP32 if dtype == torch.float32 else BF16))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("make", [lambda x: x.transpose(1, 2), lambda x: x[:, :, :, None].expand(2, 4, 130, 3, 64),
+                                  lambda x: x], ids=["permuted", "expanded", "contiguous"])
+def test_a_lone_copy_moves_hbm_to_hbm(make, dtype):
+    # clone / .contiguous() of a (permuted, expanded) view, nothing else in the group: a copy kernel,
+    # no engine and no SBUF tile
+    x = make(randn(2, 4, 130, 64, dtype=dtype))
+    spec, _ = lower(lambda t: t.contiguous() if not t.is_contiguous() else t.clone(), x)
+    assert spec.family == "copy"
+    (result,), trace = run_kernel(lambda t: t.contiguous() if not t.is_contiguous() else t.clone(), x)
+    assert result.is_contiguous() and torch.equal(result, x.contiguous())
+    assert {i.engine for i in trace.instructions} == {"dma"}
+
+
+def test_copies_that_cast_stay_pointwise():
+    spec, _ = lower(lambda t: t.to(torch.bfloat16), randn(130, 64))
+    assert spec.family == "pointwise"
+
+
+def test_short_rows_keep_their_layout_when_no_other_pays():
+    # [8, 91]: 91 = 7 * 13 splits only into narrow columns, and no longer dim exists
+    x, y = randn(2, 4, 7, 13), randn(7, 13)
+    assert _rows_of(lambda a, b: a * b, x, y) == 8
+    check(lambda a, b: a * b, x, y, **FP32)
+
+
+# VectorE / ScalarE balance (tile_program/engines.py): fp32 and bf16, tile and ragged shapes.
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("shape", [(128, 512), (130, 77)], ids=str)
+def test_silu_backward_moves_affine_ops_to_scalar_engine(shape, dtype):
+    g, x = randn(*shape, dtype=dtype), randn(*shape, dtype=dtype)
+    trace = check(lambda g, x: torch.ops.aten.silu_backward(g, x), g, x,
+                  **(FP32_COMPOSED if dtype == torch.float32 else BF16))
+    counts = trace.counts()
+    # sigmoid, 1 - s and (x * (1 - s)) + 1 on ScalarE; the three products on VectorE
+    assert counts[("scalar", "activation")] == counts[("vector", "tensor_tensor")]
+    assert ("vector", "tensor_scalar") not in counts
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_engine_balance_keeps_results_with_columns_casts_and_numbers(dtype):
+    # a [P, 1] scale (RMSNorm backward's rstd), an fp32 -> bf16 cast, subtract / reversed subtract
+    a, b, rstd = randn(130, 300, dtype=dtype), randn(130, 300, dtype=dtype), randn(130, 1, dtype=dtype)
+    fn = lambda a, b, r: ((a + b) * (b * r), (a * b - 2.5), 3.0 - a * b * b)  # noqa: E731
+    trace = check(fn, a, b, rstd, **(FP32_COMPOSED if dtype == torch.float32 else BF16))
+    assert ("scalar", "activation") in trace.counts()
+
+
+def test_engine_balance_needs_a_column_bias_before_neuroncore_v3():
+    from neuron_inductor.lowering.context import LoweringContext
+    from neuron_inductor.tile_program import engines
+    ins = {"op": "tensor_scalar", "dst": {"imm": None, "var": "v1", "col": False, "hoisted": False, "bits": False},
+           "alloc": "nl.float32", "col": False, "data": {"imm": None, "var": "x0", "col": False, "hoisted": False,
+                                                          "bits": False},
+           "op0": "add", "operand0": {"imm": 1.0, "var": None, "col": True, "hoisted": False, "bits": False},
+           "rev0": False, "op1": None, "operand1": None, "rev1": False}
+    busy = [dict(ins, op="tensor_tensor")] * 2 + [ins]
+    dtypes = {"v1": "float32", "x0": "float32"}
+    assert not LoweringContext.for_target("trn1").tile.scalar_imm_bias
+    assert engines.balance(busy, dtypes, imm_bias=False)[-1]["op"] == "tensor_scalar"
+    moved = engines.balance(busy, dtypes, imm_bias=True)[-1]
+    assert moved["op"] == "activation" and moved["bias"]["imm"] == 1.0 and moved["scale"]["imm"] == 1.0
+
+
+def _free_size(fn, *args) -> int:
+    """Elements per partition of the kernel's tiles (its column level's widest chunk)."""
+    spec, _ = lower(fn, *args)
+    (region,) = spec.params["regions"]
+    column_level = next(level for level in region["levels"] if level["var"] == "c")
+    return max(v["size"] for v in column_level["variants"])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("seq", [256, 260, 384], ids=str)
+def test_narrow_rows_of_a_long_dim_widen_onto_the_free_axis(seq, dtype):
+    # rotary on q seen through a transpose: [B, S, H, D] -> [B, H, S, D] times cos [S, D] plus r; D = 64
+    # columns only, so each tile takes k rows of S beside them ([S / k, k * D] tiles)
+    q = randn(1, seq, 3, 64, dtype=dtype).transpose(1, 2)
+    cos, r = randn(seq, 64, dtype=dtype), randn(1, 3, seq, 64, dtype=dtype)
+    fn = lambda q, c, r: q * c + r  # noqa: E731
+    assert _free_size(fn, q, cos, r) == 64 * (seq // 128)
+    check(fn, q, cos, r, **(FP32 if dtype == torch.float32 else BF16))
+    check(lambda q: -q, q, **FP32)
+
+
+def test_broadcast_columns_keep_narrow_rows():
+    # a [S, 1] operand broadcast along D would need its tile replicated along k: no widening
+    q, scale = randn(1, 256, 3, 64).transpose(1, 2), randn(256, 1)
+    assert _free_size(lambda q, s: q * s, q, scale) == 64
+    check(lambda q, s: q * s, q, scale, **FP32)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_permuted_grid_with_a_chosen_row_dim_widens_too(dtype):
+    # [2, 4, 256, 64].transpose(1, 2): S (not the short H) on the partitions, then [S / 2, 2 * 64] tiles
+    x = randn(2, 4, 256, 64, dtype=dtype).transpose(1, 2)
+    fn = lambda t: t.contiguous() * 2.0  # noqa: E731
+    assert _rows_of(fn, x) == 128 and _free_size(fn, x) == 128
+    check(fn, x, **(FP32 if dtype == torch.float32 else BF16))

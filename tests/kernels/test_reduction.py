@@ -268,3 +268,89 @@ def test_arg_reductions_point_at_the_first_nan(shape, dim, dtype):
         (values, indices), (ref_values, ref_indices), _ = run_lowered(fn, [x], target)
         assert torch.equal(indices, ref_indices), (indices != ref_indices).nonzero()[:5]
         torch.testing.assert_close(values, ref_values, rtol=0, atol=0, equal_nan=True)
+
+
+# "fold" layout: reduced dims that are not trailing, few reduced rows, many kept trailing elements
+# (the GQA repeat_interleave backward sums [B, Hkv, rep, S, D] over rep). Reduced dims first,
+# middle and both; kept trailing extents on and off 128 partitions.
+FOLD_CASES = [((1, 3, 2, 130, 128), (2,)), ((2, 300, 70), (0,)), ((4, 256, 64), (0,)),
+              ((3, 2, 4, 129, 40), (0, 2)), ((2, 128, 128), (0,))]
+
+
+def _layout_of(fn, x, target):
+    gm = aten_graph(fn, x)
+    node = [n for n in gm.graph.nodes if n.target is target][-1]
+    return LOWERINGS[target](CTX, node).params["layout"]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("keepdim", [False, True])
+@pytest.mark.parametrize("shape,dims", FOLD_CASES, ids=str)
+def test_sum_over_leading_and_middle_dims_folds_tiles(shape, dims, keepdim, dtype):
+    x = (torch.randn(shape) + 2.0).to(dtype)  # a mean off zero: bf16 accumulation would show
+    fn = lambda t: t.sum(dims, keepdim=keepdim)  # noqa: E731
+    assert _layout_of(fn, x, aten.sum.dim_IntList) == "fold"
+    (out,), _, _ = run_lowered(fn, [x], aten.sum.dim_IntList)
+    assert_close(out, x.float().sum(dims, keepdim=keepdim).to(dtype))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("op", ["mean", "amax", "amin", "prod", "norm"])
+def test_other_reductions_fold_tiles(op, dtype):
+    x = torch.randn(2, 3, 260, 64).to(dtype)
+    if op == "prod":
+        x = (x.float().sign() * (1 + 0.01 * x.float().abs().clamp(max=3))).to(dtype)
+    fn, target = {
+        "mean": (lambda t: t.mean(1, keepdim=True), aten.mean.dim),
+        "amax": (lambda t: t.amax((0, 1)), aten.amax.default),
+        "amin": (lambda t: t.amin(0), aten.amin.default),
+        "prod": (lambda t: t.prod(1), aten.prod.dim_int),
+        "norm": (lambda t: torch.linalg.vector_norm(t, 2, (0, 1)), aten.linalg_vector_norm.default),
+    }[op]
+    assert _layout_of(fn, x, target) == "fold"
+    (out,), _, _ = run_lowered(fn, [x], target)
+    assert_close(out, fn(x.float()).to(dtype))
+
+
+def test_fold_reads_strided_views_and_bools():
+    x = torch.randn(200, 2, 64)
+    fn = lambda t: t.permute(1, 0, 2).sum(0)  # noqa: E731
+    (out,), (ref,), inputs = run_lowered(fn, [x], aten.sum.dim_IntList)
+    assert not inputs[0].is_contiguous()
+    assert _layout_of(fn, x, aten.sum.dim_IntList) == "fold"
+    assert_close(out, ref)
+    mask = torch.rand(3, 130, 64) > 0.5
+    any_fn = lambda m: m.any(0)  # noqa: E731
+    (hit,), (expected,), _ = run_lowered(any_fn, [mask], aten.any.dim)
+    assert _layout_of(any_fn, mask, aten.any.dim) == "fold"
+    assert torch.equal(hit, expected)
+
+
+def test_fold_is_chosen_only_where_it_pays():
+    # many reduced rows onto few kept columns (a bias gradient): ones-vector matmuls stay cheaper
+    assert _layout_of(lambda t: t.sum(0), torch.randn(4096, 64), aten.sum.dim_IntList) == "partition"
+    # argmax keeps its layout (the fold does not track indices)
+    assert _layout_of(lambda t: t.argmax(0), torch.randn(2, 300, 70), aten.argmax.default) == "partition"
+    # the step's GQA backward: 2 reduced rows, 2048 x 128 kept elements per head
+    assert _layout_of(lambda t: t.sum(2), torch.empty(1, 8, 2, 2048, 128, device="meta"),
+                      aten.sum.dim_IntList) == "fold"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("keepdim", [False, True])
+@pytest.mark.parametrize("shape,dims,permuted", [((2, 512, 64), (0,), False), ((1, 2, 2, 260, 128), (2,), False),
+                                                 ((2, 384, 96), (0,), True)], ids=str)
+def test_narrow_fold_tiles_widen_through_a_view(shape, dims, permuted, keepdim, dtype):
+    # fold tiles of fewer than 512 columns take part of their row dim onto the free axis: the kernel
+    # reads the input (strided too) and writes the output through a reshaped view
+    x = (torch.randn(shape) + 1.0).to(dtype)
+    if permuted:
+        x = x.transpose(0, 1).contiguous().transpose(0, 1)
+    fn = lambda t: t.sum(dims, keepdim=keepdim)  # noqa: E731
+    gm = aten_graph(fn, x)
+    node = [n for n in gm.graph.nodes if n.target is aten.sum.dim_IntList][-1]
+    params = LOWERINGS[aten.sum.dim_IntList](CTX, node).params
+    assert params["layout"] == "fold" and params["view"] is not None
+    (out,), _, inputs = run_lowered(fn, [x], aten.sum.dim_IntList)
+    assert inputs[0].is_contiguous() != permuted
+    assert_close(out, x.float().sum(dims, keepdim=keepdim).to(dtype))
