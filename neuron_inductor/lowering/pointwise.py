@@ -95,10 +95,13 @@ def is_pointwise(node: fx.Node) -> bool:
     return refusal(node) is None
 
 
-def lower_pointwise_group(ctx: LoweringContext, nodes: list[fx.Node], outputs: list[fx.Node]) -> KernelSpec:
-    """One kernel computing every node of `nodes`, returning the values of `outputs`, tiled for
-    the context's target."""
-    program = build_program(nodes, outputs)
+def lower_pointwise_group(ctx: LoweringContext, nodes: list[fx.Node], outputs: list[fx.Node],
+                          shape: tuple[int, ...] | None = None,
+                          aliases: dict[fx.Node, fx.Node] | None = None) -> KernelSpec:
+    """One kernel computing every node of `nodes` over `shape` (see `build_program`: the nodes'
+    shapes may differ from it by size-1 dims; `aliases` are the unit views they read members
+    through), returning the values of `outputs`, tiled for the context's target."""
+    program = build_program(nodes, outputs, shape, aliases)
     numel = math.prod(program.shape)
     params = plan_kernel(program, ctx.tile)
     flops = numel * sum(1 for i in program.instrs if i.kind != "cast")
