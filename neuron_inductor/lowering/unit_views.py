@@ -18,13 +18,17 @@ _RESHAPES = {aten.view.default, aten._unsafe_view.default, aten.reshape.default,
              aten.squeeze.default, aten.squeeze.dim, aten.squeeze.dims, aten.alias.default}
 
 
-def without_units(shape) -> tuple[int, ...]:
-    return tuple(int(s) for s in shape if s != 1)
+def without_units(shape) -> tuple[int, ...] | None:
+    """The sizes other than 1; None if a size is symbolic (unbacked SymInts never fuse)."""
+    if not all(isinstance(s, int) for s in shape):
+        return None
+    return tuple(s for s in shape if s != 1)
 
 
 def same_up_to_units(a, b) -> bool:
-    """Whether two shapes list the same sizes once their size-1 dims are dropped."""
-    return without_units(a) == without_units(b)
+    """Whether two static shapes list the same sizes once their size-1 dims are dropped."""
+    sizes = without_units(a)
+    return sizes is not None and sizes == without_units(b)
 
 
 def unit_view_source(node: fx.Node) -> fx.Node | None:
@@ -43,9 +47,10 @@ def unit_view_source(node: fx.Node) -> fx.Node | None:
 def in_group_dims(shape, stride, node_shape, group_shape) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """An operand of a node of `node_shape` (broadcast to it, numpy-style), restated in the dims of
     `group_shape` (equal to `node_shape` up to 1s): the same elements, so the kernel's logical reshape
-    of the argument to the group's iteration space reads what the node reads."""
+    of the argument to the group's iteration space reads what the node reads. A node of any other
+    shape broadcasts against the group (numpy-style): its operands are returned as they are."""
     shape, stride, node_shape = tuple(shape), tuple(stride), tuple(node_shape)
-    if node_shape == tuple(group_shape):
+    if node_shape == tuple(group_shape) or not same_up_to_units(node_shape, group_shape):
         return shape, stride
     pad = len(node_shape) - len(shape)
     if pad < 0:
@@ -54,8 +59,6 @@ def in_group_dims(shape, stride, node_shape, group_shape) -> tuple[tuple[int, ..
     # the node's and the group's non-unit dims pair up in order (same_up_to_units)
     node_dims = [d for d, size in enumerate(node_shape) if size != 1]
     group_dims = [d for d, size in enumerate(group_shape) if size != 1]
-    if [node_shape[d] for d in node_dims] != [group_shape[d] for d in group_dims]:
-        raise ValueError(f"shapes {node_shape} and {tuple(group_shape)} differ beyond size-1 dims")
     out_shape, out_stride = [1] * len(group_shape), [0] * len(group_shape)
     for n, g in zip(node_dims, group_dims):
         out_shape[g], out_stride[g] = padded[n], padded_stride[n] if padded[n] != 1 else 0
