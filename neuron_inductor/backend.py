@@ -2,7 +2,8 @@
 
 `neuron_backend` is a module-level singleton (Dynamo guards on backend identity, so a fresh
 object per call would recompile every frame). It validates `options=`, fuses LM heads with their
-cross-entropy (passes/lm_head_loss.py, unless `fuse_lm_head_loss` is off), then hands the graph to
+cross-entropy (passes/lm_head_loss.py, unless `fuse_lm_head_loss` is off) and turns repeated key / value
+heads into SDPA's own GQA (passes/gqa_attention.py), then hands the graph to
 AOTAutograd with the Neuron decomposition table, the min-cut partitioner and one `GraphRunner`
 per forward / backward / inference graph.
 """
@@ -21,6 +22,7 @@ from . import config as config_module
 from . import observe
 from .bucketing import pin_generator_states
 from .decompositions import neuron_decompositions
+from .passes.gqa_attention import fuse_gqa_attention
 from .passes.lm_head_loss import fuse_lm_head_loss
 from .runtime import GraphRunner
 
@@ -55,6 +57,7 @@ class NeuronBackend:
         observe.on_dynamo_graph(gm, example_inputs, cfg)
         if cfg.fuse_lm_head_loss:
             fuse_lm_head_loss(gm)
+        fuse_gqa_attention(gm)
         return aot_autograd(
             fw_compiler=_make_compiler(cfg, "forward"),
             bw_compiler=_make_compiler(cfg, "backward"),

@@ -27,6 +27,7 @@ from .context import LoweringContext
 from .ir import HostStep, KernelSpec, KernelStep, Step, Unsupported
 from .registry import (ALLOCATIONS, COLLECTIVES, FALLBACKS, LOWERINGS, RNG_WRAPPERS, SIZE_OPS, VIEW_OPS,
                        load_lowerings)
+from .unit_views import same_up_to_units, unit_view_source
 
 
 class FallbackError(RuntimeError):
@@ -139,40 +140,60 @@ def _insert_contiguous_copy(gm: fx.GraphModule, view: fx.Node) -> fx.Node:
 
 
 class _PointwiseGroup:
-    """An open fusion group: pointwise nodes of one shape, optionally behind a matmul (the anchor)
-    whose result they consume as a fused epilogue."""
+    """An open fusion group: pointwise nodes of one shape (up to size-1 dims), optionally behind a
+    matmul (the anchor) whose result they consume as a fused epilogue. Unit views of members
+    (lowering/unit_views.py) join as aliases: read through, not materialised; their host view steps
+    follow the group's kernels where something outside the group reads them."""
 
     def __init__(self, ctx: LoweringContext, anchor: fx.Node | None = None,
                  anchor_spec: KernelSpec | None = None) -> None:
         self.ctx = ctx
         self.nodes: list[fx.Node] = []
+        self.views: dict[fx.Node, fx.Node] = {}
         self.anchor = anchor
         self.anchor_spec = anchor_spec
         self.members: set[fx.Node] = {anchor} if anchor is not None else set()
         self.shape: torch.Size | None = anchor.meta["val"].shape if anchor is not None else None
 
     def accepts(self, node: fx.Node) -> bool:
-        return self.shape is None or node.meta["val"].shape == self.shape
+        return self.shape is None or same_up_to_units(node.meta["val"].shape, self.shape)
 
     def add(self, node: fx.Node) -> None:
-        self.shape = node.meta["val"].shape
+        if self.shape is None:
+            self.shape = node.meta["val"].shape
         self.nodes.append(node)
         self.members.add(node)
 
+    def absorbs(self, view: fx.Node) -> bool:
+        source = unit_view_source(view)
+        return source is not None and source in self.members
+
+    def add_view(self, view: fx.Node) -> None:
+        self.views[view] = view.args[0]
+        self.members.add(view)
+
+    def escapes(self, node: fx.Node) -> bool:
+        """Whether a value outside the group reads `node`, directly or through member views."""
+        return any(user not in self.members or (user in self.views and self.escapes(user)) for user in node.users)
+
     def outputs(self) -> list[fx.Node]:
         ordered = ([self.anchor] if self.anchor is not None else []) + self.nodes
-        return [n for n in ordered if any(user not in self.members for user in n.users)]
+        return [n for n in ordered if self.escapes(n)]
 
     def kernels(self) -> list[KernelSpec]:
+        shape = tuple(self.shape) if self.shape is not None else None
         if self.anchor is None:
-            return [pointwise.lower_pointwise_group(self.ctx, self.nodes, self.outputs())] if self.nodes else []
+            return [pointwise.lower_pointwise_group(self.ctx, self.nodes, self.outputs(), shape, self.views)
+                    ] if self.nodes else []
         if self.nodes:
             try:
-                return [matmul.lower_matmul_with_epilogue(self.ctx, self.anchor, self.nodes, self.outputs())]
+                return [matmul.lower_matmul_with_epilogue(self.ctx, self.anchor, self.nodes, self.outputs(),
+                                                          self.views)]
             except Unsupported:
                 pass  # the matmul and its consumers run as two kernels
             epilogue_outputs = [n for n in self.outputs() if n is not self.anchor]
-            return [self.anchor_spec, pointwise.lower_pointwise_group(self.ctx, self.nodes, epilogue_outputs)]
+            return [self.anchor_spec, pointwise.lower_pointwise_group(self.ctx, self.nodes, epilogue_outputs,
+                                                                      shape, self.views)]
         return [self.anchor_spec]
 
 
@@ -192,6 +213,7 @@ def lower_graph(gm: fx.GraphModule, ctx: LoweringContext, fallback_mode: str = "
     def flush(anchor: fx.Node | None = None, anchor_spec: KernelSpec | None = None) -> None:
         nonlocal group
         steps.extend(KernelStep(spec) for spec in group.kernels())
+        steps.extend(HostStep(view, "view") for view in group.views if group.escapes(view))
         produced_by_kernel.update(group.nodes)
         group = _PointwiseGroup(ctx, anchor, anchor_spec)
 
@@ -245,6 +267,10 @@ def lower_graph(gm: fx.GraphModule, ctx: LoweringContext, fallback_mode: str = "
             continue
         if _is_tensor(node) and pointwise.is_pointwise(node):
             add_pointwise(node)
+            continue
+        if group.absorbs(node):
+            group.add_view(node)
+            layouts.run(node) or layouts.set_from_value(node, contiguous=False)
             continue
         if node.target in _RESHAPING_VIEWS and not layouts.run(node):
             add_pointwise(_insert_contiguous_copy(gm, node))

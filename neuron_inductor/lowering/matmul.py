@@ -26,6 +26,9 @@ Contract:
     epilogue node, or a value of the matmul's output shape or broadcastable to it
     (residuals, scales, bias rows);
   - `outputs` are the nodes whose values leave the kernel (`mm_node` itself may be one of them);
+  - their shapes may differ from the matmul's by size-1 dims ([N, F] read as [1, N, F]), and
+    `aliases` names the unit views (lowering/unit_views.py) they read through: such inputs and
+    outputs are reshaped to the matmul's shape in the kernel;
   - raises `Unsupported` when the group cannot be fused; the caller then lowers the matmul and the
     pointwise group separately.
 """
@@ -45,6 +48,7 @@ from .context import KIB, LoweringContext
 from .ir import KernelSpec, Unsupported
 from .lnc import plan_split
 from .registry import register_lowering
+from .unit_views import same_up_to_units
 
 aten = torch.ops.aten
 
@@ -291,7 +295,7 @@ EPILOGUE_ANCHORS = frozenset(_MATMUL_LOWERINGS)
 
 
 def lower_matmul_with_epilogue(ctx: LoweringContext, mm_node: fx.Node, epilogue_nodes: list[fx.Node],
-                               outputs: list[fx.Node]) -> KernelSpec:
+                               outputs: list[fx.Node], aliases: dict[fx.Node, fx.Node] | None = None) -> KernelSpec:
     """One kernel: the matmul, then the pointwise program of `epilogue_nodes` on each output tile
     (see the module docstring for the contract).
 
@@ -305,11 +309,9 @@ def lower_matmul_with_epilogue(ctx: LoweringContext, mm_node: fx.Node, epilogue_
     spec = _MATMUL_LOWERINGS[mm_node.target](ctx, mm_node)
     out_shape = tuple(val(mm_node).shape)
     for node in epilogue_nodes:
-        if tuple(val(node).shape) != out_shape:
+        if not same_up_to_units(val(node).shape, out_shape):
             raise Unsupported(f"epilogue node {node.name} of shape {tuple(val(node).shape)} on a {out_shape} matmul")
-    if not any(mm_node in node.all_input_nodes for node in epilogue_nodes):
-        raise Unsupported("the epilogue does not read the matmul result")
-    program = build_program(epilogue_nodes, outputs)
+    program = build_program(epilogue_nodes, outputs, out_shape, aliases)
     kinds, loads, matmul_var = {}, [], None
     for index, inp in enumerate(program.inputs):
         if inp.value is mm_node:
@@ -324,13 +326,16 @@ def lower_matmul_with_epilogue(ctx: LoweringContext, mm_node: fx.Node, epilogue_
         else:
             raise Unsupported(f"epilogue input {inp.value.name} of shape {inp.shape} does not tile like the "
                               f"{out_shape} matmul result")
-        loads.append({"var": inp.name, "kind": kinds[inp.name], "arg": len(spec.inputs), "dtype": inp.tile_dtype})
+        reshape = inp.shape if tuple(val(inp.value).shape) != inp.shape else None  # a unit-dim reshape
+        loads.append({"var": inp.name, "kind": kinds[inp.name], "arg": len(spec.inputs), "dtype": inp.tile_dtype,
+                      "reshape": reshape})
         spec.inputs.append(inp.value)
     if matmul_var is None:
         raise Unsupported("the epilogue does not read the matmul result")
     store_dtypes = [on_chip_name(val(node).dtype) for node, _ in program.results]
     resolved = resolve_program(program, kinds, {matmul_var}, store_dtypes)
+    store_reshapes = [out_shape if tuple(val(node).shape) != out_shape else None for node, _ in program.results]
     spec.params["epilogue"] = {"matmul_var": matmul_var, "loads": loads, "instrs": resolved.instrs,
-                               "stores": resolved.stores}
+                               "stores": resolved.stores, "store_reshapes": store_reshapes, "rank": len(out_shape)}
     spec.outputs = list(outputs)
     return spec

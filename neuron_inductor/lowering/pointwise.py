@@ -29,7 +29,7 @@ import torch.fx as fx
 from ..tile_program import (ERFC_COEFFICIENTS, SUPPORTED_DTYPES, ProgramBuilder, Ref, build_program,
                             is_imm, plan_kernel)
 from . import copy
-from .common import bind_arguments
+from .common import bind_arguments, val
 from .context import LoweringContext
 from .ir import KernelSpec, Unsupported
 from .registry import LOWERINGS, register_lowering
@@ -96,13 +96,16 @@ def is_pointwise(node: fx.Node) -> bool:
     return refusal(node) is None
 
 
-def lower_pointwise_group(ctx: LoweringContext, nodes: list[fx.Node], outputs: list[fx.Node]) -> KernelSpec:
-    """One kernel computing every node of `nodes`, returning the values of `outputs`, tiled for
-    the context's target."""
-    lone = copy.lone_copy(nodes, outputs)
-    if lone is not None:
+def lower_pointwise_group(ctx: LoweringContext, nodes: list[fx.Node], outputs: list[fx.Node],
+                          shape: tuple[int, ...] | None = None,
+                          aliases: dict[fx.Node, fx.Node] | None = None) -> KernelSpec:
+    """One kernel computing every node of `nodes` over `shape` (see `build_program`: the nodes'
+    shapes may differ from it by size-1 dims; `aliases` are the unit views they read members
+    through), returning the values of `outputs`, tiled for the context's target."""
+    lone = None if aliases else copy.lone_copy(nodes, outputs)  # a copy read through no unit view
+    if lone is not None and shape in (None, tuple(val(lone).shape)):
         return copy.lower_lone_copy(ctx, lone)
-    program = build_program(nodes, outputs)
+    program = build_program(nodes, outputs, shape, aliases)
     numel = math.prod(program.shape)
     params = plan_kernel(program, ctx.tile)
     flops = numel * sum(1 for i in program.instrs if i.kind != "cast")

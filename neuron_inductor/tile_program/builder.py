@@ -30,6 +30,7 @@ import torch.fx as fx
 
 from ..lowering.common import bind_arguments, float32_bits
 from ..lowering.registry import LOWERINGS
+from ..lowering.unit_views import in_group_dims
 from .ir import SUPPORTED_DTYPES, Instr, PointwiseProgram, ProgramInput, Ref, is_imm
 
 aten = torch.ops.aten
@@ -70,26 +71,41 @@ ERFC_COEFFICIENTS = (-1.26551223, 1.00002368, 0.37409196, 0.09678418, -0.1862880
 class ProgramBuilder:
     """Builds a PointwiseProgram; each primitive folds immediates and trivial identities."""
 
-    def __init__(self) -> None:
+    def __init__(self, shape: tuple[int, ...] | None = None, aliases: dict[fx.Node, fx.Node] | None = None) -> None:
         self.inputs: list[ProgramInput] = []
         self.instrs: list[Instr] = []
         self.env: dict[fx.Node, Ref] = {}
         self.node_dtype = "float32"  # result tile dtype of the node being lowered
+        # The iteration shape, and the shape of the node being lowered (equal up to size-1 dims);
+        # `aliases` maps unit views (lowering/unit_views.py) to the value they view.
+        self.shape, self.node_shape = shape, shape
+        self.aliases = aliases or {}
+        self._mapped_inputs: dict[tuple, str] = {}
 
     # -- values
     def ref(self, arg) -> Ref:
         """The program value of a node argument (input, earlier result, or immediate)."""
         if isinstance(arg, fx.Node):
+            seen = arg  # the value the node reads: a unit view's own shape and strides
+            while arg not in self.env and arg in self.aliases:
+                arg = self.aliases[arg]
             if arg in self.env:
                 return self.env[arg]
             const = constant_scalar(arg)
             if const is not None:
                 return const
-            val = arg.meta["val"]
+            val, seen_val = arg.meta["val"], seen.meta["val"]
+            shape, stride = in_group_dims(seen_val.shape, seen_val.stride(), self.node_shape or seen_val.shape,
+                                          self.shape or self.node_shape or seen_val.shape)
+            shape, stride = tuple(int(s) for s in shape), tuple(int(s) for s in stride)
+            key = (arg, shape, stride)
+            if key in self._mapped_inputs:
+                return self._mapped_inputs[key]
             name = f"x{len(self.inputs)}"
-            self.inputs.append(ProgramInput(name, arg, tuple(int(s) for s in val.shape),
-                                            tuple(int(s) for s in val.stride()), val.dtype))
-            self.env[arg] = name
+            self.inputs.append(ProgramInput(name, arg, shape, stride, val.dtype))
+            self._mapped_inputs[key] = name
+            if (shape, stride) == (tuple(val.shape), tuple(val.stride())):
+                self.env[arg] = name
             return name
         if isinstance(arg, bool):
             return int(arg)
@@ -338,12 +354,17 @@ def node_arguments(node: fx.Node) -> dict:
     return a
 
 
-def build_program(nodes: list[fx.Node], outputs: list[fx.Node]) -> PointwiseProgram:
-    """`nodes` (pointwise, topologically ordered, one shape) as an SSA program returning `outputs`;
-    each node is emitted by its op's `register_pointwise` rule."""
-    builder = ProgramBuilder()
-    shape = tuple(int(s) for s in nodes[-1].meta["val"].shape) if nodes else ()
+def build_program(nodes: list[fx.Node], outputs: list[fx.Node], shape: tuple[int, ...] | None = None,
+                  aliases: dict[fx.Node, fx.Node] | None = None) -> PointwiseProgram:
+    """`nodes` (pointwise, topologically ordered) as an SSA program over `shape` (default: the last
+    node's; every node's shape equals it up to size-1 dims) returning `outputs`; each node is emitted
+    by its op's `register_pointwise` rule. `aliases` maps unit views read by the nodes to their sources."""
+    if shape is None:
+        shape = tuple(int(s) for s in nodes[-1].meta["val"].shape) if nodes else ()
+    builder = ProgramBuilder(tuple(int(s) for s in shape), aliases)
+    shape = builder.shape
     for node in nodes:
+        builder.node_shape = tuple(int(s) for s in node.meta["val"].shape)
         dtype = node.meta["val"].dtype
         builder.node_dtype = "float32" if dtype.is_floating_point or dtype == torch.bool else "int32"
         builder.env[node] = LOWERINGS[node.target].emit(builder, node_arguments(node))

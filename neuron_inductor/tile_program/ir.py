@@ -49,9 +49,15 @@ class Instr:
 class ProgramInput:
     name: str                # SSA value it binds
     value: fx.Node           # the graph value read from HBM
-    shape: tuple[int, ...]
+    shape: tuple[int, ...]   # and its shape and strides in the program's dims
     stride: tuple[int, ...]
     dtype: torch.dtype
+
+    @property
+    def arg_shape(self) -> tuple[int, ...]:
+        """The shape of the kernel argument (`shape` restates it in the program's dims, which may
+        differ by size-1 dims: lowering/unit_views.py)."""
+        return tuple(int(s) for s in self.value.meta["val"].shape)
 
     @property
     def tile_dtype(self) -> str:

@@ -165,7 +165,7 @@ def _grid_region(sizes, strides, extents, order, whole, inputs, outputs, kinds, 
     n_lead = len(lead)
     views, loads = [], [[] for _ in range(len(levels) + 1)]
     for (name, inp), st, ext in zip(inputs, strides, extents):
-        view = f"{name}_v" if tuple(inp.shape) != tuple(ext) else name
+        view = f"{name}_v" if inp.arg_shape != tuple(ext) else name
         if view != name:
             views.append(_view(view, name, ext))
         roles = [role if s != 0 else "one" for role, s in zip(roles_of_dims, st)]
@@ -214,7 +214,7 @@ def _flat_regions(numel, inputs, outputs, kinds, free_limit, partitions) -> list
         for name, inp in inputs:
             kind = kinds[inp.name]
             if kind == "tile":
-                view = flat_view(name, inp.shape, f"{name}{suffix}_v")
+                view = flat_view(name, inp.arg_shape, f"{name}{suffix}_v")
                 loads[len(levels)].append(_load(inp.name, view, ["row", "col"], inp, kind))
             else:
                 view = f"{name}_s"
