@@ -1,11 +1,11 @@
 """Compile one static ATen graph: lower -> render kernels and wrapper -> toolchain build.
 
 `compile_static_graph` produces a `CompiledArtifact` (plain text and JSON-able metadata, so the
-disk cache can store it); `compile_and_build` adds the toolchain build and, whichever toolchain runs the
-kernels, runs every kernel once in the interpreter on zeros to check the hardware rules before real
-data reaches it (a kernel that
-breaks one is reported by name and rule; where fallback is allowed the graph is lowered again with
-that kernel's ops on the host). `Program` loads an artifact into something callable.
+disk cache can store it); `compile_and_build` adds the toolchain build and the interpreter's check of
+the hardware rules before any kernel's output is used: as each kernel's first run where the graph
+allows it, else by running every kernel once on zeros (a kernel that breaks a rule is reported by
+name and rule; where fallback is allowed the graph is lowered again with that kernel's ops on the
+host). `Program` loads an artifact into something callable.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from .codegen.render import render_kernel, template_hash, unnamed
 from .codegen.wrapper import render_wrapper
 from .lowering.context import LoweringContext
 from .lowering.graph import LoweredGraph, lower_graph, op_name
-from .lowering.ir import KernelSpec
+from .lowering.ir import HostStep, KernelSpec
 from .nki_ops import lowering as user_kernels
 from .observe import progress
 from .observe.accounting import node_flops
@@ -150,21 +150,71 @@ def build_kernels(toolchain: Toolchain, artifact: CompiledArtifact) -> dict[str,
     return kernels
 
 
-def compile_and_build(gm: fx.GraphModule, fallback_mode: str, toolchain: Toolchain, target: str,
-                      verdicts=None, lnc: int | None = None) -> tuple[CompiledArtifact, LoweredGraph, dict[str, Callable]]:
-    """Compile a static graph and build its kernels; check them in the interpreter first (kernels
-    with a stored passing verdict in `verdicts` are not run again, see `SimulatorToolchain.check`).
+def rerunnable(lowered: LoweredGraph) -> bool:
+    """Whether running the graph again from its inputs after a kernel stopped half-way gives what one
+    run gives: no kernel writes into an input and no host step mutates, draws random numbers,
+    communicates or has effects."""
+    if any(spec.inplace for spec in lowered.kernels):
+        return False
+    for step in lowered.steps:
+        if isinstance(step, HostStep) and step.kind in ("fallback", "collective"):
+            target = step.node.target
+            if not isinstance(target, torch._ops.OpOverload) or target._schema.is_mutable \
+                    or torch.Tag.nondeterministic_seeded in target.tags:
+                return False
+    return True
 
-    A kernel that breaks a hardware rule is reported by name and rule; where fallback is allowed the
-    graph is lowered again with that kernel's ops on the host (and checked again), so no user data
-    ever reaches a kernel that breaks a rule. With fallback 'error' the violation is raised.
+
+def checks_at_first_use(toolchain: Toolchain, target: str, lowered: LoweredGraph) -> bool:
+    """Whether the graph's rule check can be its kernels' first run (`FirstUseCheck`) instead of a
+    run on zeros at compile time: the interpreter that runs the kernels checks them (the simulator for
+    the planned target), no kernel is a user's nki_op (it runs the user's Python beyond its source),
+    and a violation can be answered by re-lowering and running the graph again (`rerunnable`)."""
+    return (toolchain.name == "simulator" and toolchain.target.name == target and rerunnable(lowered)
+            and not any(spec.family == user_kernels.FAMILY for spec in lowered.kernels))
+
+
+def fallback_for(violation: KernelRuleViolation, lowered: LoweredGraph) -> dict[fx.Node, str]:
+    """The ops of the kernel that broke a rule, with the reason they now run on the host."""
+    spec = next(s for s in lowered.kernels if s.name == violation.kernel)
+    reason = f"generated kernel {violation.kernel} broke a hardware rule: {violation.error}"
+    return {node: reason for node in _kernel_nodes(spec)}
+
+
+def _checked_at_first_use(toolchain: SimulatorToolchain, artifact: CompiledArtifact, kernels: dict[str, Callable],
+                          verdicts) -> dict[str, Callable]:
+    sources = {name: unnamed(source, name) for name, source in artifact.kernel_sources.items()}
+    return toolchain.checked_at_first_use(kernels, sources, verdicts, artifact.meta["estimates"],
+                                          artifact.meta[UNCHECKED])
+
+
+UNCHECKED = "unchecked"  # artifact.meta: kernels checked at first use that have not run yet
+
+
+def compile_and_build(gm: fx.GraphModule, fallback_mode: str, toolchain: Toolchain, target: str,
+                      verdicts=None, lnc: int | None = None, force: dict[fx.Node, str] | None = None
+                      ) -> tuple[CompiledArtifact, LoweredGraph, dict[str, Callable]]:
+    """Compile a static graph (the ops in `force` on the host) and build its kernels, each checked
+    in the interpreter before its output is used.
+
+    Where `checks_at_first_use` allows, the check is each kernel's first run (`FirstUseCheck`):
+    compiling runs no kernel; `meta["estimates"]` fills in as kernels run and `meta[UNCHECKED]` lists
+    those that have not run yet (the runtime stores the artifact on disk once it is empty, and answers
+    a violation by re-lowering with `fallback_for`). Otherwise every kernel runs once on zeros here
+    (kernels with a stored passing verdict in `verdicts` are not run again, see
+    `SimulatorToolchain.check`): a kernel that breaks a hardware rule is reported by name and rule;
+    where fallback is allowed the graph is lowered again with that kernel's ops on the host (and
+    checked again), so no user data ever reaches it. With fallback 'error' the violation is raised.
     """
-    force: dict[fx.Node, str] = {}
+    force = dict(force or {})
     while True:
         artifact, lowered = compile_static_graph(gm, fallback_mode, target, force, lnc)
         start = time.perf_counter()
         kernels = build_kernels(toolchain, artifact)
         artifact.meta["timings"]["compile"] = time.perf_counter() - start
+        if checks_at_first_use(toolchain, target, lowered):
+            artifact.meta["estimates"], artifact.meta[UNCHECKED] = {}, list(kernels)
+            return artifact, lowered, _checked_at_first_use(toolchain, artifact, kernels, verdicts)
         start = time.perf_counter()
         # The interpreter checks the rules before first use whichever toolchain runs the kernels,
         # for the target the kernels were planned for.
@@ -177,9 +227,7 @@ def compile_and_build(gm: fx.GraphModule, fallback_mode: str, toolchain: Toolcha
             if fallback_mode == "error":
                 raise
             log.error("neuron_inductor: %s; its ops run eagerly on the host instead", violation)
-            spec = next(s for s in lowered.kernels if s.name == violation.kernel)
-            reason = f"generated kernel {violation.kernel} broke a hardware rule: {violation.error}"
-            force.update({node: reason for node in _kernel_nodes(spec)})
+            force.update(fallback_for(violation, lowered))
             continue
         artifact.meta["timings"]["check"] = time.perf_counter() - start
         return artifact, lowered, kernels
@@ -216,6 +264,8 @@ class Program:
         least the artifact's constants, by name."""
         if kernels is None:
             kernels = build_kernels(toolchain, artifact)
+            if artifact.meta.get(UNCHECKED):  # from memory, before the first run of its compile finished
+                kernels = _checked_at_first_use(toolchain, artifact, kernels, None)
         return cls(artifact, SimpleNamespace(**kernels), {name: constants[name] for name in artifact.constants},
                    static_gm, lowered)
 
