@@ -8,6 +8,8 @@ from typing import Any, Callable
 import torch
 
 from .. import sim
+from ..codegen.render import unnamed
+from ..sim import replay as sim_replay
 from ..observe import progress
 
 
@@ -43,10 +45,14 @@ class SimulatorToolchain:
         # A kernel that splits its work runs as `grids[name]` programs; one that does not runs once (on
         # hardware both cores run it whole and write the same values: the cost model charges the same).
         kernels: dict[str, Callable] = {}
+        first_of: dict[tuple, Callable] = {}  # (source up to its name, grid) -> the first such kernel's func
         for name, source in sources.items():
             kernel = sim.load_kernels(source, f"<neuron_inductor kernel {name}>")[name]
-            # generated kernels read no values (no registers): their copy-only runs replay (sim/replay.py)
+            # generated kernels read no values (no registers): their runs replay (sim/replay.py)
             grid = (grids or {}).get(name, 1)
+            twin = first_of.setdefault((unnamed(source, name), grid), kernel.func)
+            if twin is not kernel.func:
+                sim_replay.share_plans(kernel.func, twin)
             kernels[name] = sim.Kernel(kernel.func, (grid,) if grid != 1 else kernel.grid,
                                        kernel.platform_target or self.target.name, replay=True)
         return kernels
