@@ -164,7 +164,7 @@ class CompileCache:
 
     @functools.cached_property
     def checks(self):
-        """Verdicts of the compile-time kernel check (kernel_checks.py), in this folder's `checks/`
+        """Verdicts of the kernel rule check (kernel_checks.py), in this folder's `checks/`
         subfolder; in memory only when this folder's entries are not written."""
         from .kernel_checks import KernelChecks
 
