@@ -157,7 +157,9 @@ def rerunnable(lowered: LoweredGraph) -> bool:
     if any(spec.inplace for spec in lowered.kernels):
         return False
     for step in lowered.steps:
-        if isinstance(step, HostStep) and step.kind in ("fallback", "collective"):
+        if isinstance(step, HostStep) and step.kind == "collective":
+            return False  # the other ranks would not run it again
+        if isinstance(step, HostStep) and step.kind == "fallback":
             target = step.node.target
             if not isinstance(target, torch._ops.OpOverload) or target._schema.is_mutable \
                     or torch.Tag.nondeterministic_seeded in target.tags:
