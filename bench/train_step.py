@@ -161,8 +161,8 @@ def main() -> None:
             results = {backend: first_step(backend, LARGE, LARGE_SHAPE, args.threads)
                        for backend in ("neuron", "inductor")}
             ratios.append(results["neuron"]["wall"] / results["inductor"]["wall"])
-            print("   ".join(f"{backend} wall {r['wall']:>6.1f} s cpu {r['cpu']:>6.1f} s" for backend, r in results.items())
-                  + f"   wall ratio {ratios[-1]:.2f}", flush=True)
+            times = [f"{backend} wall {r['wall']:>6.1f} s cpu {r['cpu']:>6.1f} s" for backend, r in results.items()]
+            print("   ".join(times) + f"   wall ratio {ratios[-1]:.2f}", flush=True)
         print(f"neuron / inductor first step, wall: median {statistics.median(ratios):.2f} (min {min(ratios):.2f}, "
               f"max {max(ratios):.2f}, {len(ratios)} runs; goal <= 1). Inductor's CPU time is mostly in its compiler "
               "subprocesses, outside the time shown")
