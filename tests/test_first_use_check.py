@@ -6,14 +6,18 @@ name share replay plans, each trace keeping its own kernel's name."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
+import torch.fx as fx
 
 from neuron_inductor import kernel_checks, sim
 from neuron_inductor.compiler import (UNCHECKED, Program, build_kernels, checks_at_first_use, compile_and_build,
                                       rerunnable, rule_checks)
 from neuron_inductor.lowering.context import LoweringContext
 from neuron_inductor.lowering.graph import lower_graph
+from neuron_inductor.lowering.ir import HostStep
 from neuron_inductor.toolchain.simulator import FirstUseCheck, KernelRuleViolation, SimulatorToolchain
 
 from .kernels.harness import aten_graph
@@ -74,6 +78,10 @@ def test_graphs_a_rerun_would_change_keep_the_compile_time_check():
     assert rerunnable(_lowered(lambda a: (a.exp() + 1,), x))
     assert not rerunnable(_lowered(updates_input, x.clone()))  # its copy_ kernel writes the input
     assert not rerunnable(_lowered(draws_random, x))  # a rerun would draw other numbers
+    graph = fx.Graph()
+    reduced = graph.call_function(torch.ops._c10d_functional.all_reduce.default, (graph.placeholder("a"), "sum", "0"))
+    collective = SimpleNamespace(kernels=[], steps=[HostStep(reduced, "collective")])
+    assert not rerunnable(collective)  # the other ranks would not run it again
     plain = _lowered(lambda a: (a.exp() + 1,), x)
     assert checks_at_first_use(SimulatorToolchain("trn2"), "trn2", plain)
     assert not checks_at_first_use(SimulatorToolchain("trn2"), "trn3", plain)  # planned for another chip
