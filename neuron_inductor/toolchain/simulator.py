@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -30,6 +31,11 @@ class KernelCheck:
     storable: bool = True  # whether its verdict may be stored and read back (kernel_checks.KernelChecks)
 
 
+# (source up to its name, grid) -> the func of the first such kernel built and still alive: a kernel
+# built again (a repeated layer, in this graph or another) shares its recorded plans
+_FIRST_BUILT: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+
+
 class SimulatorToolchain:
     """Builds kernels for one hardware target: they run with its rules and capacities (SBUF / PSUM
     sizes, matmul limits), as the Neuron compiler builds a kernel for the chip it targets."""
@@ -45,12 +51,11 @@ class SimulatorToolchain:
         # A kernel that splits its work runs as `grids[name]` programs; one that does not runs once (on
         # hardware both cores run it whole and write the same values: the cost model charges the same).
         kernels: dict[str, Callable] = {}
-        first_of: dict[tuple, Callable] = {}  # (source up to its name, grid) -> the first such kernel's func
         for name, source in sources.items():
             kernel = sim.load_kernels(source, f"<neuron_inductor kernel {name}>")[name]
             # generated kernels read no values (no registers): their runs replay (sim/replay.py)
             grid = (grids or {}).get(name, 1)
-            twin = first_of.setdefault((unnamed(source, name), grid), kernel.func)
+            twin = _FIRST_BUILT.setdefault((unnamed(source, name), grid), kernel.func)
             if twin is not kernel.func:
                 sim_replay.share_plans(kernel.func, twin)
             kernels[name] = sim.Kernel(kernel.func, (grid,) if grid != 1 else kernel.grid,
