@@ -214,7 +214,7 @@ def compile_and_build(gm: fx.GraphModule, fallback_mode: str, toolchain: Toolcha
         start = time.perf_counter()
         kernels = build_kernels(toolchain, artifact)
         artifact.meta["timings"]["compile"] = time.perf_counter() - start
-        if checks_at_first_use(toolchain, target, lowered):
+        if kernels and checks_at_first_use(toolchain, target, lowered):
             artifact.meta["estimates"], artifact.meta[UNCHECKED] = {}, list(kernels)
             return artifact, lowered, _checked_at_first_use(toolchain, artifact, kernels, verdicts)
         start = time.perf_counter()

@@ -107,12 +107,13 @@ def test_kernels_equal_up_to_their_name_share_plans_and_keep_their_names():
                 "    t = nl.load(x)\n    nl.store(out, value=nl.multiply(nl.exp(t), 2.0))\n    return out\n")
     sim.replay.forget()
     kernels = SimulatorToolchain("trn2").build({name: template.format(name=name) for name in ("k0_pw", "k1_pw")})
-    x = torch.randn(128, 64)
+    x, y = torch.randn(128, 64), torch.randn(128, 64)
     with sim.trace() as first:
         a = kernels["k0_pw"](x)
     with sim.trace() as twin:
-        b = kernels["k1_pw"](x.clone())
-    assert torch.equal(a, b)
+        b = kernels["k1_pw"](y)
+    torch.testing.assert_close(a, torch.exp(x) * 2)  # not overwritten by the twin's call
+    torch.testing.assert_close(b, torch.exp(y) * 2)
     assert {i.kernel for i in first.instructions} == {"k0_pw"} and {i.kernel for i in twin.instructions} == {"k1_pw"}
     assert [(i.op, i.flops, i.bytes, i.operands) for i in twin.instructions] == \
            [(i.op, i.flops, i.bytes, i.operands) for i in first.instructions]
