@@ -19,7 +19,7 @@ from typing import Any, Callable
 import torch
 import torch.fx as fx
 
-from . import sim
+from . import index_errors, sim
 from .codegen.kernel_args import kernel_dtype, kernel_shape
 from .codegen.render import render_kernel, template_hash, unnamed
 from .codegen.wrapper import render_wrapper
@@ -63,6 +63,7 @@ def _describe_kernel(spec: KernelSpec) -> dict[str, Any]:
         "ops": sorted({op_name(o) for o in spec.outputs if isinstance(o, fx.Node)}),
         "written_arguments": spec.written_arguments,
         "grid": spec.grid,
+        "index_bounds": spec.index_bounds,
     }
 
 
@@ -256,6 +257,8 @@ class Program:
         namespace: dict[str, Any] = {}
         exec(compile(self.artifact.wrapper_source, "<neuron_inductor wrapper>", "exec"), namespace)
         self._run = namespace["run"]
+        # an indexing kernel's failed bounds check reaches the user as eager's exception
+        self.kernels = SimpleNamespace(**index_errors.guard_kernels(vars(self.kernels), self.artifact.meta.get("kernels", [])))
 
     @classmethod
     def load(cls, artifact: CompiledArtifact, toolchain: Toolchain, constants: dict[str, torch.Tensor],

@@ -7,7 +7,8 @@ index tensors on consecutive dims (broadcast against each other), embedding_dens
 index_put with integer indices on consecutive dims (the static KV cache's write at dim 2 of
 [B, H, S, D]). The kernel views the table as [outer, rows, inner] (the dims before, at and after the
 indexed ones; several indexed dims flatten into one row number, sum(index_k * stride_k)) and the
-result as [outer, *ids, inner]. Negative ids count back from the end of their dim, as in eager.
+result as [outer, *ids, inner]. Negative ids of index / index_put count back from the end of their
+dim; those of embedding and index_select are out of range, as in eager.
 Each row op takes one of two formulations; `row_path.choose` picks the one the cost model says is
 cheaper, and logs both estimates:
 
@@ -25,24 +26,30 @@ cheaper, and logs both estimates:
   no 0 * inf happens; a scatter-add multiplies the values themselves, so an inf / NaN in dY still
   turns the other rows of its column into NaN. Token ids are compared in fp32 (exact below 2**24).
 
-Out-of-range ids (outside [-size, size)) cannot raise inside a kernel: on both paths they match
-no row, so a gather returns zeros and a scatter drops the token (PyTorch raises IndexError). With
-several index tensors each one is checked against its own dim (an id out of range in one index
-makes the row number negative rather than naming another row).
+Out-of-range ids (outside [-size, size) for index / index_put, [0, size) for embedding,
+index_select, gather and scatter) fail the kernel, as eager fails: on both paths they match no row
+(with several index tensors each one is checked against its own dim: an id out of range in one
+index makes the row number negative rather than naming another row), and the kernel's bounds
+check (codegen_templates/_bounds.py.j2) ends with an indirect DMA under oob_mode.error that
+addresses outside the index tensor on the partitions that saw one: the DMA fails on hardware and
+in the interpreter, and index_errors.py turns the interpreter's NkiIndexError into eager's
+exception (KernelSpec.index_bounds says which op, dims and sizes). embedding_dense_backward is not
+checked (eager's is not; its forward was).
 
 Lane ops (`mode` "lane_gather" / "lane_scatter"): gather / scatter.value / scatter.src /
 scatter_add along the last dim of a tensor of rank >= 2 with an index of the same leading shape
 (cross-entropy's `gather(log_probs, -1, target[:, None])` and its backward's `scatter.value`). Rows sit on
 partitions; each index column becomes an int32 lane mask (all ones where `iota == index`) over
 the free axis, and values move as their fp32 bits under it: a gather sums x's masked bits (the
-indexed lane's value plus +0.0s), a scatter bit-selects the new value into its lanes. Infinities
+indexed lane's value plus +0.0s), a scatter bit-selects the new value into its lanes; an index
+outside [0, C) names no lane and fails the bounds check. Infinities
 and NaN therefore land exactly where eager puts them and never spread along the row (0 * inf
 never happens). A gathered -0.0 may come back as +0.0. A gather or scatter along the last dim
 may instead take `gather_indirect` (row_path decides by the cost model; it wins for all but tiny
 widths): x is viewed as one-element rows and each index column is one indirect DMA of the
 elements r * C + index (exact bits, -0.0 kept); a scatter first copies x to the output, then
 writes (dma_copy) or adds (dma_compute, scatter_add) each column in order. An index outside
-[0, C) reads or writes nothing on both paths (a gather gives 0), where eager raises.
+[0, C) reads or writes nothing on both paths and fails the bounds check, as eager raises.
 
 Column ops (`mode` "column_gather" / "column_scatter"): the same along any other dim, with an
 index matching the input in every other dim. x is viewed as [outer, size, inner]: the indexed dim
@@ -159,27 +166,37 @@ def _merge_flops(params: dict) -> int:
     return 2 * params["outer"] * tokens * min(tile, tokens) * params["inner"]
 
 
-def _row_gather(ctx: LoweringContext, node: fx.Node, table: fx.Node, first: int, indices: list[fx.Node]) -> KernelSpec:
+def _index_bounds(node: fx.Node, first: int, sizes, from_end: bool, error: str) -> dict:
+    """KernelSpec.index_bounds: what index_errors.py says when the bounds check fails."""
+    return {"op": node.target.overloadpacket.__name__, "dims": list(range(first, first + len(sizes))), "sizes": [int(s) for s in sizes],
+            "from_end": from_end, "error": error}
+
+
+def _row_gather(ctx: LoweringContext, node: fx.Node, table: fx.Node, first: int, indices: list[fx.Node],
+                from_end: bool, error: str = "IndexError") -> KernelSpec:
+    """`from_end`: negative ids count from the end of their dim (x[i]); else they are out of range."""
     w, ids = val(table), [val(i) for i in indices]
     family, params = _row_path(ctx, "row_gather", w, first, ids)
+    params.update(ids_from_end=from_end, check_bounds=True)
     tokens = math.prod(val(node).shape) // max(params["outer"] * params["inner"], 1)
     flops = 2 * params["outer"] * tokens * params["rows"] * params["inner"] if family == "gather_rows" else 0
     if family == "gather_indirect":
         params["padding_idx"] = -1  # (the template's row filter is shared with embedding's backward)
-    return KernelSpec(family, params, [table, *indices], [node], flops=flops)
+    return KernelSpec(family, params, [table, *indices], [node], flops=flops,
+                      index_bounds=_index_bounds(node, first, params["index_sizes"], from_end, error))
 
 
 @register_lowering(aten.embedding.default)
 def lower_embedding(ctx: LoweringContext, node: fx.Node) -> KernelSpec:
     if val(node.args[0]).dim() != 2:
         raise Unsupported("an embedding table that is not 2-D")
-    return _row_gather(ctx, node, node.args[0], 0, [node.args[1]])
+    return _row_gather(ctx, node, node.args[0], 0, [node.args[1]], from_end=False)
 
 
 @register_lowering(aten.index_select.default)
 def lower_index_select(ctx: LoweringContext, node: fx.Node) -> KernelSpec:
     table, index = node.args[0], node.args[2]
-    return _row_gather(ctx, node, table, int(arg(node, 1, "dim")) % max(val(table).dim(), 1), [index])
+    return _row_gather(ctx, node, table, int(arg(node, 1, "dim")) % max(val(table).dim(), 1), [index], from_end=False)
 
 
 def _indexed_dims(indices: list, what: str) -> tuple[int, list[fx.Node]]:
@@ -197,12 +214,13 @@ def _indexed_dims(indices: list, what: str) -> tuple[int, list[fx.Node]]:
 @register_lowering(aten.index.Tensor)
 def lower_index(ctx: LoweringContext, node: fx.Node) -> KernelSpec:
     first, tensors = _indexed_dims(list(node.args[1]), "index")
-    return _row_gather(ctx, node, node.args[0], first, tensors)
+    return _row_gather(ctx, node, node.args[0], first, tensors, from_end=True)
 
 
 def _row_scatter(ctx: LoweringContext, node, base, first: int, indices: list, values, accumulate: bool,
-                 padding_idx: int) -> KernelSpec:
-    """Rows of values [outer, *ids, inner] summed (accumulate) or placed into [outer, rows, inner]."""
+                 padding_idx: int, from_end: bool = True, error: str | None = "IndexError") -> KernelSpec:
+    """Rows of values [outer, *ids, inner] summed (accumulate) or placed into [outer, rows, inner];
+    `error`: the exception an id out of range raises (None: not checked)."""
     ids, v, out = [val(i) for i in indices], val(values), val(node)
     family, params = _row_path(ctx, "row_scatter", out, first, ids, accumulate)
     ids_shape = tuple(torch.broadcast_shapes(*(i.shape for i in ids)))
@@ -212,13 +230,15 @@ def _row_scatter(ctx: LoweringContext, node, base, first: int, indices: list, va
         raise Unsupported("scattered values broadcast over the indexed shape")
     if v.dtype != out.dtype:
         raise Unsupported(f"scattered values of dtype {v.dtype} into {out.dtype}")
-    params.update(accumulate=accumulate, padding_idx=padding_idx, has_base=base is not None)
+    params.update(accumulate=accumulate, padding_idx=padding_idx, has_base=base is not None, ids_from_end=from_end,
+                  check_bounds=error is not None)
     inputs = [values, *indices] + ([base] if base is not None else [])
     if family == "gather_rows":
         flops = 2 * v.numel() * params["rows"]
     else:
         flops = _merge_flops(params) if accumulate else 0
-    return KernelSpec(family, params, inputs, [node], flops=flops)
+    bounds = _index_bounds(node, first, params["index_sizes"], from_end, error) if error else None
+    return KernelSpec(family, params, inputs, [node], flops=flops, index_bounds=bounds)
 
 
 @register_lowering(aten.embedding_dense_backward.default)
@@ -226,7 +246,7 @@ def lower_embedding_dense_backward(ctx: LoweringContext, node: fx.Node) -> Kerne
     grad, ids, num_weights, padding_idx, scale_grad_by_freq = node.args[:5]
     if scale_grad_by_freq:
         raise Unsupported("scale_grad_by_freq")
-    return _row_scatter(ctx, node, None, 0, [ids], grad, True, int(padding_idx))
+    return _row_scatter(ctx, node, None, 0, [ids], grad, True, int(padding_idx), error=None)
 
 
 @register_lowering(aten.index_put.default)
@@ -266,9 +286,10 @@ def _lane_spec(ctx: LoweringContext, node: fx.Node, mode: str, x: fx.Node, dim, 
         # A 1-D gather / scatter is a row op over the elements (index_select / index_put), so ids sit on
         # partitions, 128 per DMA; the lane and column forms below would walk one element per instruction.
         if mode == "lane_gather":
-            return _row_gather(ctx, node, x, 0, [index])
-        return _row_scatter(ctx, node, x, 0, [index], src, reduce == "add", -1)
+            return _row_gather(ctx, node, x, 0, [index], from_end=False, error="RuntimeError")
+        return _row_scatter(ctx, node, x, 0, [index], src, reduce == "add", -1, from_end=False, error="RuntimeError")
     inputs = [x, index] + ([src] if isinstance(src, fx.Node) else [])
+    bounds = _index_bounds(node, dim, [shape[dim]], False, "RuntimeError")
     if rank >= 2 and dim == rank - 1:
         rows = math.prod(shape[:-1])
         op = row_path.RowOp(mode, rows, shape[-1], 1, width, xv.element_size(), "", ctx.tile, reduce == "add")
@@ -277,7 +298,7 @@ def _lane_spec(ctx: LoweringContext, node: fx.Node, mode: str, x: fx.Node, dim, 
                       "reduce": reduce, "has_src": isinstance(src, fx.Node)}
             if value is not None:
                 params["value"] = float(value)
-            return KernelSpec("gather_indirect", params, inputs, [node])
+            return KernelSpec("gather_indirect", params, inputs, [node], index_bounds=bounds)
     if rank >= 2 and dim == rank - 1:
         params = {"mode": mode, "dims": _token_dims(ctx.tile, shape[:-1], shape[-1], LANE_FMAX)}
     else:
@@ -290,7 +311,7 @@ def _lane_spec(ctx: LoweringContext, node: fx.Node, mode: str, x: fx.Node, dim, 
         params["value"] = float(value)
         params["value_bits"] = float32_bits(torch.tensor(float(value), dtype=xv.dtype).item())
     family = "gather_lanes" if params["mode"].startswith("lane") else "gather_columns"
-    return KernelSpec(family, params, inputs, [node], flops=xv.numel() * width)
+    return KernelSpec(family, params, inputs, [node], flops=xv.numel() * width, index_bounds=bounds)
 
 
 @register_lowering(aten.gather.default)

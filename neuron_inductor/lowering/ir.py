@@ -37,6 +37,8 @@ class KernelSpec:
     flops:   analytic FLOPs of the math this kernel does (TensorE FLOPs for matmul-like kernels).
     grid:    programs of its SPMD launch: the context's lnc when the kernel splits its work over
              nl.program_id(0) (lowering/lnc.py), else 1.
+    index_bounds: for an indexing kernel with a bounds check, what its failure tells the user
+             (index_errors.py: op, dims, sizes, whether negative ids count from the end, exception).
     """
 
     family: str
@@ -46,6 +48,7 @@ class KernelSpec:
     flops: int = 0
     inplace: dict[int, int] = field(default_factory=dict)
     grid: int = 1
+    index_bounds: dict[str, Any] | None = None
     name: str = ""  # assigned by code generation: k<index>_<family>
 
     @property

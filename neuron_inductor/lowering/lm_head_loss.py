@@ -242,6 +242,12 @@ def _check(hidden: fx.Node, weight: fx.Node, target: fx.Node, reduction: str) ->
     return int(h.shape[0]), int(h.shape[1]), int(w.shape[0])
 
 
+def target_bounds(vocab: int, ignore_index) -> dict:
+    """KernelSpec.index_bounds of a forward, which checks its targets (index_errors.py)."""
+    return {"op": "cross_entropy", "dims": [1], "sizes": [vocab], "from_end": False, "error": "IndexError",
+            "ignore_index": int(ignore_index)}
+
+
 def _check_smoothing(label_smoothing) -> float:
     if not 0.0 <= float(label_smoothing) < 1.0:
         raise Unsupported(f"label_smoothing {label_smoothing} (takes 0 <= eps < 1)")
@@ -266,7 +272,7 @@ def lower_lm_head_loss(ctx: LoweringContext, node: fx.Node) -> KernelSpec:
     # logits, and softmax @ W for the backward
     return KernelSpec("lm_head_loss", params, inputs=[hidden, weight, target],
                       outputs=outputs if emit_logits or grad_h_in_forward else outputs[:3],
-                      flops=(4 if grad_h_in_forward else 2) * rows * dim * vocab)
+                      flops=(4 if grad_h_in_forward else 2) * rows * dim * vocab, index_bounds=target_bounds(vocab, ignore_index))
 
 
 @register_lowering(torch.ops.neuron_inductor.lm_head_loss_backward.default)

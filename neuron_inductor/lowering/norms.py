@@ -270,10 +270,13 @@ def lower_nll_loss(ctx: LoweringContext, node: fx.Node) -> KernelSpec:
     # Live per column: x, the class-index iota, the target penalty, x + penalty, and the weight
     # (a row, its broadcast and its product with the target mask).
     params = _nll_params(ctx, x, weight, reduction, ignore_index, 32)
+    # a target outside [0, C) but ignore_index fails the kernel's bounds check (eager: IndexError)
+    bounds = {"op": "nll_loss", "dims": [len(_shape(x)) - 1], "sizes": [_shape(x)[-1]], "from_end": False,
+              "error": "IndexError", "ignore_index": int(ignore_index)}
     return KernelSpec(
         family="cross_entropy", params={"mode": "forward", **params},
         inputs=[x, target, *_optional_float(weight, "weight")],
-        outputs=result_values(node), flops=3 * math.prod(_shape(x)))
+        outputs=result_values(node), flops=3 * math.prod(_shape(x)), index_bounds=bounds)
 
 
 @register_lowering(aten.nll_loss_backward.default)

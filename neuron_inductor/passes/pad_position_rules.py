@@ -35,9 +35,10 @@ def index_put(rw: Rewriter, node: fx.Node) -> None:
     for dim, index in enumerate(node.args[1]):
         if index is not None:
             rw.real_positions(rw.dim_layout(base, dim))
-    count_negative_indices_from_real_end(rw, node, base, node.args[1], 1)
     indices = [i for i in node.args[1] if isinstance(i, fx.Node)]
-    if not any(rw.padded_dims(i) for i in indices) and not rw.padded_dims(node.args[2]):
+    padded_positions = any(rw.padded_dims(i) for i in indices) or rw.padded_dims(node.args[2])
+    count_negative_indices_from_real_end(rw, node, base, node.args[1], 1)
+    if not padded_positions:
         return
     if not accumulate:
         raise Unsafe("overwrites at padded index positions")
@@ -230,24 +231,61 @@ def indexing(rw: Rewriter, node: fx.Node) -> None:
         rw.aligned(node, [source, node.args[2]], skip_dim=node.args[1] % tensor_val(node).dim())
     if node.target is aten.index.Tensor:
         count_negative_indices_from_real_end(rw, node, source, node.args[1], 1)
+    elif node.target is aten.embedding.default:
+        bound_index(rw, node, 1, source, 0)
+    else:  # index_select, gather: (source, dim, index)
+        bound_index(rw, node, 2, source, node.args[1])
+
+
+# An id every indexing kernel's bounds check refuses (below -size for any dim size; int32, as kernels
+# read ids): what an id outside the real extent of a padded dim becomes.
+OUT_OF_RANGE = -(2 ** 31)
+
+
+def _bounded(rw: Rewriter, index: fx.Node, source: fx.Node, dim: int, from_end: bool) -> fx.Node:
+    """`index` (ids into dim `dim` of `source`) as the kernels get it in a padded graph. Its padded
+    positions hold 0, a real row (values computed there may be anything, and an indexing kernel's
+    bounds check would fail on them where eager never looks). Indexing into a padded dim, ids count
+    real positions: with `from_end` negative ones count from the real end, and an id outside the
+    real extent becomes OUT_OF_RANGE, so that the kernel (which sees the bucket's size) fails as
+    eager does."""
+    if tensor_val(index).dtype == torch.bool:
+        if rw.padded_dims(source, [dim]):
+            raise Unsafe("masks a padded dim with a boolean index")
+        return index
+    bounded = rw.masked(index, None, "zero") if rw.padded_dims(index) else index
+    if not rw.padded_dims(source, [dim]):
+        return bounded
+    real = rw.real_scalar(size_expr(tensor_val(source).shape[dim]))
+    if from_end:
+        wrapped = rw.call(aten.add.Tensor, bounded, real)
+        bounded = rw.call(aten.where.self, rw.call(aten.lt.Scalar, bounded, 0), wrapped, bounded)
+    outside = rw.call(aten.ge.Tensor if isinstance(real, fx.Node) else aten.ge.Scalar, bounded, real)
+    if from_end:
+        outside = rw.call(aten.logical_or.default, outside, rw.call(aten.lt.Scalar, bounded, 0))
+    refused = rw.call(aten.scalar_tensor.default, OUT_OF_RANGE, dtype=tensor_val(index).dtype)
+    return rw.call(aten.where.self, outside, refused, bounded)
+
+
+def bound_index(rw: Rewriter, node: fx.Node, position: int, source: fx.Node, dim: int) -> None:
+    """The index tensor args[position] of `node`, ids into dim `dim` of `source` (negative ones out
+    of range, as for embedding and gather), bounded by `_bounded`."""
+    index = node.args[position]
+    bounded = _bounded(rw, index, source, dim % max(tensor_val(source).dim(), 1), from_end=False)
+    if bounded is not index:
+        node.update_arg(position, bounded)
+        rw.note(node, "ids at padded positions -> 0; ids past the real extent refused")
 
 
 def count_negative_indices_from_real_end(rw: Rewriter, node: fx.Node, source: fx.Node, indices,
                                          position: int) -> None:
-    """Advanced indexing takes negative indices from the end of a dim: the real end."""
-    new_indices, changed = list(indices), False
-    for dim, index in enumerate(indices):
-        if not isinstance(index, fx.Node) or not rw.padded_dims(source, [dim]):
-            continue
-        if tensor_val(index).dtype == torch.bool:
-            raise Unsafe("masks a padded dim with a boolean index")
-        real = rw.real_scalar(size_expr(tensor_val(source).shape[dim]))
-        wrapped = rw.call(aten.add.Tensor, index, real)
-        new_indices[dim] = rw.call(aten.where.self, rw.call(aten.lt.Scalar, index, 0), wrapped, index)
-        changed = True
-    if changed:
+    """Advanced indexing takes negative indices from the end of a dim: the real end (and its
+    padded positions and ids outside the real extent go through `_bounded`)."""
+    new_indices = [_bounded(rw, index, source, dim, from_end=True) if isinstance(index, fx.Node) else index
+                   for dim, index in enumerate(indices)]
+    if any(new is not old for new, old in zip(new_indices, indices)):
         node.update_arg(position, new_indices)
-        rw.note(node, "negative indices counted from the real end")
+        rw.note(node, "negative indices counted from the real end; ids at padded positions -> 0")
 
 
 def _with_defaults(node: fx.Node, defaults: list) -> list:

@@ -15,6 +15,7 @@ import torch.fx as fx
 
 from ..bucketing import size_expr
 from ..lowering.registry import RNG_WRAPPERS, VIEW_OPS, pad_rule
+from .pad_position_rules import bound_index
 from .pad_rewriter import Rewriter, Unsafe
 from .padded_layout import RESHAPES, SAME_AS_FIRST, UNKNOWN, is_padded_expr, reduced_dims, tensor_inputs, tensor_val
 
@@ -126,6 +127,7 @@ def embedding_backward(rw: Rewriter, node: fx.Node) -> None:
           what="scatter-reduce: padded sources -> the reduction's neutral value")
 def scatter_reducing(rw: Rewriter, node: fx.Node) -> None:
     rw.real_positions(rw.dim_layout(node.args[0], node.args[1]))
+    bound_index(rw, node, 2, node.args[0], node.args[1])
     return scatter_reduce(rw, node)
 
 
@@ -134,6 +136,7 @@ def scatter_overwriting(rw: Rewriter, node: fx.Node) -> None:
     rw.real_positions(rw.dim_layout(node.args[0], node.args[1]))
     if node.args[1] in rw.padded_dims(node.args[2]) or rw.padded_dims(node.args[2], [node.args[1]]):
         raise Unsafe("overwrites along a padded index dim")
+    bound_index(rw, node, 2, node.args[0], node.args[1])
     return None
 
 

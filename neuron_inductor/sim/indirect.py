@@ -74,7 +74,6 @@ class IndirectView(tensors.NkiTensor):
 
     def resolve(self, api):
         """(addresses [sizes] int64 into flat, rows valid [sizes[0]] bool or None if all valid)."""
-        op_replay.deny("indirect DMA")  # its addresses come from the data: not replayed
         sizes, strides = self.sizes, self.strides
         addr = torch.full((), self.base, dtype=torch.int64)
         for dim, (size, stride) in enumerate(zip(sizes, strides)):
@@ -90,8 +89,10 @@ class IndirectView(tensors.NkiTensor):
         per_row = addr.reshape(sizes[0], -1) if self.vector else addr.reshape(1, -1)
         in_storage = ((per_row >= 0) & (per_row < self.flat.numel())).all(dim=1)
         valid = in_range & in_storage
-        if bool(valid.all()):
+        if bool(valid.all()):  # (a guard of a replay: a call with rows out of bounds runs on the slow path)
             return addr, None
+        # a scatter keeps the valid rows by a mask, whose count comes from the data (so would later shapes)
+        op_replay.deny("an indirect DMA with rows out of bounds")
         if not self.vector:
             valid = valid.expand(sizes[0])
         return addr, valid

@@ -281,7 +281,7 @@ def activation_range(op, nki_op, x: torch.Tensor):
     if not bool(bad.any()):
         return None
     if os.environ.get(STRICT_ENV) == "1":
-        value = float(x[bad][0])
+        value = float(x[bad][0].detach())  # (tiles of a requires-grad argument require grad)
         fail(op, f"{nki_op!r} input within its valid range {_range_text(lo, hi, symmetric)}", value,
              f"{nki_op!r} got input {value!r} (scale and bias applied); the Scalar Engine output is invalid there")
     return bad

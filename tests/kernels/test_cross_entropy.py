@@ -91,3 +91,31 @@ def test_neg_inf_log_probs_at_other_classes():
     x = torch.randn(6, 20)
     x[:, 10:] = float("-inf")
     check((6, 20), torch.float32, "none", x=x, target=torch.randint(0, 10, (6,)), ignored_rows=slice(0))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_a_target_out_of_range_fails_the_forward_even_replayed(dtype):
+    """Eager raises for a target outside [0, C) that is not ignore_index; the forward kernel fails its
+    bounds check (its gather under oob_mode.error replays, sim/op_replay.py, with its validity as a
+    guard: after replayed good calls a bad target still fails, and good calls go on)."""
+    from neuron_inductor import sim
+    from neuron_inductor.sim import op_replay, replay as sim_replay
+
+    from .harness import call_kernel, kernel_for
+
+    x = torch.randn(300, 50, dtype=dtype).log_softmax(-1)
+    good = torch.randint(0, 50, (300,))
+    good[::7] = -100
+    gm = aten_graph(lambda t, y: aten.nll_loss_forward(t, y, None, 1, -100), x, good)
+    _, spec, kernel = kernel_for(gm, aten.nll_loss_forward.default)
+    kernel.replay = True  # as the toolchain builds generated kernels
+    expected = aten.nll_loss_forward(x.float(), good, None, 1, -100)[0]
+    for _ in range(3):
+        torch.testing.assert_close(call_kernel(kernel, spec, [x, good])[0].float(), expected, rtol=1e-2, atol=1e-2)
+    assert any(f is kernel.func and isinstance(p, op_replay.Plan) for (f, _), p in sim_replay._PLANS.items())
+    for bad_target in (50, -1):
+        bad = good.clone()
+        bad[201] = bad_target
+        with pytest.raises(sim.NkiIndexError):
+            call_kernel(kernel, spec, [x, bad])
+    torch.testing.assert_close(call_kernel(kernel, spec, [x, good])[0].float(), expected, rtol=1e-2, atol=1e-2)

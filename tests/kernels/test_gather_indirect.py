@@ -20,7 +20,7 @@ from neuron_inductor import config, sim
 from neuron_inductor.observe import session
 from neuron_inductor.lowering import row_path
 
-from .harness import CTX, DTYPES, aten_graph, assert_close, call_kernel, kernel_for, lower, run_lowered
+from .harness import CTX, DTYPES, aten_graph, assert_close, call_kernel, graph_values, kernel_for, lower, run_lowered
 
 aten = torch.ops.aten
 F = torch.nn.functional
@@ -77,45 +77,83 @@ def test_index_select_and_index_of_a_128256_row_table(dtype):
     assert torch.equal(out, ref)
 
 
+def _fails_bounds_check(gm, target, good, bad):
+    """The kernel of `target` in `gm` runs with the graph arguments `good` and fails with `bad`, which
+    differ in index placeholders only (the bounds check's DMA addresses outside the index:
+    NkiIndexError)."""
+    _, spec, kernel = kernel_for(gm, target)
+    assert spec.index_bounds is not None
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    values = graph_values(gm, good)  # (eager raises on `bad`)
+    call_kernel(kernel, spec, [values[n] for n in spec.inputs])
+    with pytest.raises(sim.NkiIndexError, match="out of bounds"):
+        call_kernel(kernel, spec, [bad[placeholders.index(n)] if n in placeholders else values[n] for n in spec.inputs])
+
+
 @pytest.mark.parametrize("path", row_path.PATHS)
-def test_out_of_range_ids_gather_zeros_and_scatter_nothing(path):
-    """Eager raises IndexError for an id outside [-V, V) (for gather: outside [0, C)); the kernels
-    (both paths) cannot raise, so a gather returns a zero row (zero element) and a scatter drops the
-    token."""
+def test_out_of_range_ids_fail_the_kernel(path):
+    """Eager raises for an id outside [-V, V) (x[i], index_put), outside [0, V) (embedding,
+    index_select) or outside [0, C) (gather, scatter); every kernel family, on both paths, fails
+    its bounds check there: one bad id among good ones, in any token tile, with one or several
+    index tensors."""
     vocab, width = 300, 16
-    weight, grad = torch.randn(vocab, width), torch.randn(6, width)
-    good = torch.tensor([3, 299, 0, 3, 10, 11])
-    bad = torch.tensor([3, 300, -301, 3, 10**6, -1])
+    weight, grad, values = torch.randn(vocab, width), torch.randn(140, width), torch.randn(4, width)
+    good = torch.randint(0, vocab, (140,))
     with row_path.forced(path):
         gm = aten_graph(lambda w, i: F.embedding(i, w), weight, good)
-        _, spec, kernel = kernel_for(gm, aten.embedding.default)
-        (out,) = call_kernel(kernel, spec, [weight, bad])
-        gm = aten_graph(lambda g, i: aten.embedding_dense_backward(g, i, vocab, -1, False), grad, good)
-        _, spec, kernel = kernel_for(gm, aten.embedding_dense_backward.default)
-        (grad_weight,) = call_kernel(kernel, spec, [grad, bad])
-    logits = torch.randn(6, vocab)
+        for bad_id in (300, -1, 10**12):
+            bad = good.clone()
+            bad[133] = bad_id  # in the second token tile
+            _fails_bounds_check(gm, aten.embedding.default, [weight, good], [weight, bad])
+        gm = aten_graph(lambda w, i: w[i], weight, good)
+        bad = good - 300
+        bad[133] = -301
+        _fails_bounds_check(gm, aten.index.Tensor, [weight, good - 300], [weight, bad])
+        rows = torch.tensor([3, 299, -300, 7])
+        gm = aten_graph(lambda w, i, v: aten.index_put(w, [i], v, True), weight, rows, values)
+        _fails_bounds_check(gm, aten.index_put.default, [weight, rows, values],
+                            [weight, torch.tensor([3, 300, 0, 7]), values])
+        gm = aten_graph(lambda w, i, v: aten.index_put(w, [i], v), weight, rows, values)
+        _fails_bounds_check(gm, aten.index_put.default, [weight, rows, values],
+                            [weight, torch.tensor([3, 0, -301, 7]), values])
+        # two indices: an id outside its own dim fails, even where the flattened number names a row
+        table, i, j = torch.randn(4, 5, 3), torch.tensor([1, 0, 3, -1]), torch.tensor([2, 4, 0, -5])
+        gm = aten_graph(lambda t, a, b: t[a, b], table, i, j)
+        _fails_bounds_check(gm, aten.index.Tensor, [table, i, j], [table, i, torch.tensor([2, 5, 0, 1])])
+        logits = torch.randn(6, vocab)
+        labels = torch.randint(0, vocab, (6, 2))
+        for fn, target in ((lambda t, k: torch.gather(t, -1, k), aten.gather.default),
+                           (lambda t, k: torch.scatter(t, -1, k, 2.0), aten.scatter.value),
+                           (lambda t, k: torch.scatter_add(t, -1, k, t[:, :2]), aten.scatter_add.default)):
+            gm = aten_graph(fn, logits, labels)
+            for bad_id in (vocab, -1):
+                bad = labels.clone()
+                bad[4, 1] = bad_id
+                _fails_bounds_check(gm, target, [logits, labels], [logits, bad])
+    # embedding's backward is not checked (eager's is not): an id outside [-V, V) drops its token
+    gm = aten_graph(lambda g, i: aten.embedding_dense_backward(g, i, vocab, -1, False), grad, good)
     with row_path.forced(path):
-        gm = aten_graph(lambda t, i: torch.gather(t, -1, i), logits, good[:, None])
-        _, spec, kernel = kernel_for(gm, aten.gather.default)
-        (lanes,) = call_kernel(kernel, spec, [logits, bad[:, None]])
-    # (gather has no negative indices: -1 is out of range too)
-    assert lanes.flatten().tolist() == [logits[0, 3].item(), 0.0, 0.0, logits[3, 3].item(), 0.0, 0.0]
-    in_range = torch.tensor([True, False, False, True, False, True])
-    expected = torch.zeros(6, width)
-    expected[in_range] = weight[bad[in_range]]
-    assert torch.equal(out, expected)
-    reference = aten.embedding_dense_backward(grad[in_range], bad[in_range] % vocab, vocab, -1, False)
-    assert_close(grad_weight, reference)
-    # two indices: an id outside its own dim names no row, even where the flattened number would
-    table, rows = torch.randn(4, 5, 3), torch.tensor([1, 0, 3, -1])
-    columns_ok, columns = torch.tensor([2, 4, 0, 1]), torch.tensor([2, 5, -6, 1])
-    with row_path.forced(path):
-        gm = aten_graph(lambda t, i, j: t[i, j], table, rows, columns_ok)
-        _, spec, kernel = kernel_for(gm, aten.index.Tensor)
-        (out,) = call_kernel(kernel, spec, [table, rows, columns])
-    expected = torch.zeros(4, 3)
-    expected[[0, 3]] = table[[1, -1], [2, 1]]
-    assert torch.equal(out, expected)
+        node, spec, kernel = kernel_for(gm, aten.embedding_dense_backward.default)
+    assert spec.index_bounds is None
+    bad = good.clone()
+    bad[5] = vocab
+    keep = torch.arange(140) != 5
+    (grad_weight,) = call_kernel(kernel, spec, [grad, bad])
+    assert_close(grad_weight, aten.embedding_dense_backward(grad[keep], good[keep], vocab, -1, False))
+
+
+@pytest.mark.parametrize("shape,dim", [((130, 7, 3), 1), ((9, 4), 0)], ids=str)
+def test_out_of_range_ids_fail_column_gathers_and_scatters(shape, dim):
+    x = torch.randn(shape)
+    index = torch.randint(0, shape[dim], shape)
+    bad = index.clone()
+    bad.view(-1)[-2] = shape[dim]
+    for fn, target in ((lambda t, k: torch.gather(t, dim, k), aten.gather.default),
+                       (lambda t, k: torch.scatter(t, dim, k, t), aten.scatter.src),
+                       (lambda t, k: torch.scatter_add(t, dim, k, t), aten.scatter_add.default)):
+        gm = aten_graph(fn, x, index)
+        _fails_bounds_check(gm, target, [x, index], [x, bad])
+        _fails_bounds_check(gm, target, [x, index], [x, bad.clamp(0) - 1])
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -2,6 +2,7 @@
 and the one it must not invent (a non-fp32 activation bias)."""
 
 import math
+import warnings
 
 import pytest
 import torch
@@ -168,6 +169,24 @@ def test_activation_out_of_range_raises_in_strict_mode(op, ref, valid, invalid, 
         activation_of(op, [valid[0], invalid[0]])
     assert info.value.op == "nisa.activation" and "valid range" in info.value.rule
     assert info.value.value == pytest.approx(invalid[0])
+
+
+def test_strict_mode_reads_an_input_that_requires_grad_without_warning(monkeypatch):
+    """A kernel called on a requires-grad tensor: the message's value is read detached (no
+    'Converting a tensor with requires_grad=True to a scalar' warning)."""
+    monkeypatch.setenv(rules.STRICT_ENV, "1")
+
+    def body(x):
+        t = nl.ndarray((1, 2), nl.float32)
+        nisa.dma_copy(dst=t, src=x)
+        nisa.activation(dst=t, op=nl.log, data=t)
+        return to_hbm(t)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(sim.NkiRuleError) as info:
+            run(body, torch.tensor([[1.0, -5.0]], requires_grad=True))
+    assert info.value.value == -5.0
 
 
 def test_activation_range_applies_after_scale_and_bias():
