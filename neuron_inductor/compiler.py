@@ -133,12 +133,12 @@ def _check_arguments(spec: KernelSpec) -> list[torch.Tensor]:
     return [torch.zeros(kernel_shape(val.shape), dtype=kernel_dtype(val.dtype)) for val in vals]
 
 
-def rule_checks(artifact: CompiledArtifact, lowered: LoweredGraph) -> list[KernelCheck]:
-    """What the rule check runs for each of the graph's kernels."""
+def rule_checks(artifact: CompiledArtifact, lowered: LoweredGraph, skip: set[str] = frozenset()) -> list[KernelCheck]:
+    """What the rule check on zeros runs for each of the graph's kernels but those in `skip`."""
     # nki_op kernels run the user's Python beyond their source: their verdicts are never stored
     return [KernelCheck(spec.name, unnamed(artifact.kernel_sources[spec.name], spec.name), _check_arguments(spec),
                         storable=spec.family != user_kernels.FAMILY)
-            for spec in lowered.kernels]
+            for spec in lowered.kernels if spec.name not in skip]
 
 
 def build_kernels(toolchain: Toolchain, artifact: CompiledArtifact) -> dict[str, Callable]:
@@ -186,9 +186,11 @@ def fallback_for(violation: KernelRuleViolation, lowered: LoweredGraph) -> dict[
 
 def _checked_at_first_use(toolchain: SimulatorToolchain, artifact: CompiledArtifact, kernels: dict[str, Callable],
                           verdicts) -> dict[str, Callable]:
-    sources = {name: unnamed(source, name) for name, source in artifact.kernel_sources.items()}
-    return toolchain.checked_at_first_use(kernels, sources, verdicts, artifact.meta["estimates"],
-                                          artifact.meta[UNCHECKED])
+    """`kernels` with those listed in `meta[UNCHECKED]` checked at their first use."""
+    names = artifact.meta[UNCHECKED]
+    sources = {name: unnamed(artifact.kernel_sources[name], name) for name in names}
+    return {**kernels, **toolchain.checked_at_first_use({name: kernels[name] for name in names}, sources, verdicts,
+                                                        artifact.meta["estimates"], names)}
 
 
 UNCHECKED = "unchecked"  # artifact.meta: kernels checked at first use that have not run yet
@@ -201,13 +203,14 @@ def compile_and_build(gm: fx.GraphModule, fallback_mode: str, toolchain: Toolcha
     in the interpreter before its output is used.
 
     Where `checks_at_first_use` allows, the check is each kernel's first run (`FirstUseCheck`):
-    compiling runs no kernel; `meta["estimates"]` fills in as kernels run and `meta[UNCHECKED]` lists
-    those that have not run yet (the runtime stores the artifact on disk once it is empty, and answers
-    a violation by re-lowering with `fallback_for`). Otherwise every kernel runs once on zeros here
-    (kernels with a stored passing verdict in `verdicts` are not run again, see
-    `SimulatorToolchain.check`): a kernel that breaks a hardware rule is reported by name and rule;
-    where fallback is allowed the graph is lowered again with that kernel's ops on the host (and
-    checked again), so no user data ever reaches it. With fallback 'error' the violation is raised.
+    compiling runs none of them; `meta["estimates"]` fills in as they run and `meta[UNCHECKED]`
+    lists those that have not run yet (the runtime stores the artifact on disk once it is empty, and
+    answers a violation by re-lowering with `fallback_for`). The other kernels, and those whose first
+    run can fail on the data (a bounds check on ids: its failure is the user's error, not a broken
+    rule), run once on zeros here (kernels with a stored passing verdict in `verdicts` are not run
+    again, see `SimulatorToolchain.check`): a kernel that breaks a hardware rule is reported by name
+    and rule; where fallback is allowed the graph is lowered again with that kernel's ops on the host
+    (and checked again), so no user data ever reaches it. With fallback 'error' the violation is raised.
     """
     force = dict(force or {})
     while True:
@@ -215,9 +218,8 @@ def compile_and_build(gm: fx.GraphModule, fallback_mode: str, toolchain: Toolcha
         start = time.perf_counter()
         kernels = build_kernels(toolchain, artifact)
         artifact.meta["timings"]["compile"] = time.perf_counter() - start
-        if kernels and checks_at_first_use(toolchain, target, lowered):
-            artifact.meta["estimates"], artifact.meta[UNCHECKED] = {}, list(kernels)
-            return artifact, lowered, _checked_at_first_use(toolchain, artifact, kernels, verdicts)
+        first_use = checks_at_first_use(toolchain, target, lowered)
+        later = [spec.name for spec in lowered.kernels if first_use and not spec.index_bounds]
         start = time.perf_counter()
         # The interpreter checks the rules before first use whichever toolchain runs the kernels,
         # for the target the kernels were planned for.
@@ -225,7 +227,8 @@ def compile_and_build(gm: fx.GraphModule, fallback_mode: str, toolchain: Toolcha
             else SimulatorToolchain(target)
         checked = kernels if checker is toolchain else build_kernels(checker, artifact)
         try:
-            artifact.meta["estimates"] = checker.check(checked, rule_checks(artifact, lowered), verdicts)
+            artifact.meta["estimates"] = checker.check(checked, rule_checks(artifact, lowered, skip=set(later)),
+                                                       verdicts)
         except KernelRuleViolation as violation:
             if fallback_mode == "error":
                 raise
@@ -233,6 +236,9 @@ def compile_and_build(gm: fx.GraphModule, fallback_mode: str, toolchain: Toolcha
             force.update(fallback_for(violation, lowered))
             continue
         artifact.meta["timings"]["check"] = time.perf_counter() - start
+        if later:
+            artifact.meta[UNCHECKED] = later
+            kernels = _checked_at_first_use(toolchain, artifact, kernels, verdicts)
         return artifact, lowered, kernels
 
 

@@ -6,13 +6,15 @@ name share replay plans, each trace keeping its own kernel's name."""
 
 from __future__ import annotations
 
+import logging
 from types import SimpleNamespace
 
 import pytest
 import torch
 import torch.fx as fx
+import torch.nn.functional as F
 
-from neuron_inductor import kernel_checks, sim
+from neuron_inductor import config, kernel_checks, sim
 from neuron_inductor.compiler import (UNCHECKED, Program, build_kernels, checks_at_first_use, compile_and_build,
                                       rerunnable, rule_checks)
 from neuron_inductor.lowering.context import LoweringContext
@@ -120,3 +122,29 @@ def test_kernels_equal_up_to_their_name_share_plans_and_keep_their_names():
     plans = {func.__name__: plan for (func, _), plan in sim.replay._PLANS.items()
              if func in (kernels["k0_pw"].func, kernels["k1_pw"].func)}
     assert plans["k1_pw"].function is plans["k0_pw"].function  # replayed the twin's plan, not recorded again
+
+
+def test_kernels_with_a_bounds_check_are_checked_on_zeros_and_bad_ids_first_raise_eagers_error(tmp_path, caplog):
+    """An indexing kernel's first run can fail on the data (its bounds check on the ids): that is the
+    user's error, not a broken rule, so such kernels are checked on zeros at compile time, and the
+    others of the graph at first use."""
+    weight = torch.randn(1000, 64)
+
+    def fn(ids):
+        return (F.embedding(ids, weight) * 2 + 1,)
+
+    good, bad = torch.tensor([1, 999]), torch.tensor([1, 1000])
+    artifact, _, _ = compile_and_build(aten_graph(fn, good), "error", SimulatorToolchain("trn2"), "trn2")
+    indexing = {k["name"] for k in artifact.meta["kernels"] if k["index_bounds"]}
+    assert indexing and set(artifact.meta["estimates"]) == indexing
+    assert set(artifact.meta[UNCHECKED]) == set(artifact.kernel_sources) - indexing
+
+    torch._dynamo.reset()
+    with config.patch(cache_dir=str(tmp_path / "cache"), fallback="allow"), \
+            caplog.at_level(logging.ERROR, logger="neuron_inductor"):
+        compiled = torch.compile(fn, backend="neuron")
+        with pytest.raises(IndexError, match="embedding: index out of range"):
+            compiled(bad)
+        assert torch.equal(compiled(good)[0], fn(good)[0])
+    assert "hardware rule" not in caplog.text
+    torch._dynamo.reset()
