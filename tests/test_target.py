@@ -137,9 +137,10 @@ def test_attention_refuses_what_does_not_fit_the_target():
         lower(node, LoweringContext.for_target("trn1"))
 
 
-def test_trn3_kernels_can_break_trn1_capacity():
-    """A kernel planned for trn3's SBUF is not a trn1 kernel: run on trn1, the interpreter refuses
-    it, so the check of a kernel against its own target is what keeps it honest."""
+def test_a_trn3_kernel_on_trn1_is_held_to_trn1s_capacity_at_its_live_peak():
+    """A kernel planned for trn3's SBUF, run on trn1, is checked against trn1's capacity. This layer
+    norm keeps whole 7000-column rows, but its broadcast rows of w and b die at their last read,
+    where the compiler frees them: its live peak fits trn1, and it matches there too."""
     x, w, b = torch.randn(4, 7000), torch.randn(7000), torch.randn(7000)
     gm = aten_graph(lambda x, w, b: torch.nn.functional.layer_norm(x, (7000,), w, b), x, w, b)
     op = aten.native_layer_norm.default
@@ -149,10 +150,10 @@ def test_trn3_kernels_can_break_trn1_capacity():
     from neuron_inductor.codegen.render import render_kernel
 
     kernel = sim.load_kernels(render_kernel(spec, trn3), "<trn3 layer norm>")[spec.name]
-    with pytest.raises(sim.NkiError, match="(?i)sbuf"):
-        sim.Kernel(kernel.func, kernel.grid, "trn1")(x, w, b)
+    on_trn1 = sim.Kernel(kernel.func, kernel.grid, "trn1")(x, w, b)
     actual, expected, _ = run_node(gm, (x, w, b), op, ctx=trn1)
     assert_all_close(actual, expected, fp32_rtol=1e-4)
+    assert_all_close(list(on_trn1), expected, fp32_rtol=1e-4)
 
 
 @pytest.mark.parametrize("target", ["trn1", "trn3"])

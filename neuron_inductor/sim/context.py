@@ -1,7 +1,7 @@
 """Per-program state: target, SBUF/PSUM pools, SPMD ids, ScalarE reduce registers.
 
 One ProgramContext exists per program instance of a launch (`kernel[grid](...)` runs
-the programs one after another, each as its own NeuronCore with its own on-chip
+the programs side by side (cores.py), each as its own NeuronCore with its own on-chip
 memory). Calls made outside any kernel (handy in tests) use a default context.
 """
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from . import indirect, replay, rules
+from . import cores, indirect, replay, rules
 from .errors import NkiError, NkiIndexError
 from .indirect import IndirectView
 from .isa_enums import dge_mode, engine, oob_mode
@@ -18,6 +18,7 @@ def dma_copy(dst, src, priority=None, oob_mode=oob_mode.error, dge_mode=dge_mode
     (indirect.py); oob_mode says what out-of-bounds indices do.
     """
     api = "nisa.dma_copy"
+    cores.step()
     if isinstance(dst, IndirectView) or isinstance(src, IndirectView):
         indirect.dma(api, dst, src, oob_mode, lambda d, s: _dma_copy(api, "dma_copy", d, s, dge_mode))
         return
@@ -60,6 +61,7 @@ def dma_transpose(dst, src, axes=None, priority=None, dge_mode=dge_mode.unknown,
     """dst = src permuted ([1, 0] for 2-D, [2, 1, 0] for 3-D, [3, 1, 2, 0] for 4-D) for 2-byte dtypes,
     HBM -> SBUF or SBUF -> SBUF; an indirect src (`.ap(vector_offset=)`) gathers its rows first."""
     api = "nisa.dma_transpose"
+    cores.step()
     rules.on_chip(api, "src", src, ("sbuf", "shared_hbm", "private_hbm"))
     # a DMA queue, not a compute engine: any start partition (the 0/32/64/96 rule is the engines' access rule)
     rules.tile(api, "dst", dst, ("sbuf",))

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from . import isa, rules
+from . import cores, isa, rules
 from . import tensor as tensors
 from .indirect import IndirectView
 
@@ -20,6 +20,7 @@ _MAX_SOURCES = 16
 
 def dma_compute(dst, srcs, reduce_op, scales=None, unique_indices=True, oob_mode=isa.oob_mode.error, name=None):
     api = "nisa.dma_compute"
+    cores.step()
     srcs = list(srcs)
     if getattr(reduce_op, "name", None) != "add":
         rules.fail(api, "reduce_op is nl.add", reduce_op, f"reduce_op={reduce_op!r}")

@@ -35,7 +35,8 @@ def _f32_reused(t) -> torch.Tensor:
     alloc = t.alloc
     storage = alloc.storage
     if data.dtype is _F32 or data.dtype is not storage.dtype or data.numel() * 8 < storage.numel() \
-            or storage.storage_offset() or not storage.is_contiguous():  # address= tiles view a shared buffer
+            or storage.storage_offset() or not storage.is_contiguous() \
+            or storage.is_inference():  # address= tiles view a shared buffer; inference tensors have no version
         return _f32(t)
     version = storage._version  # shared by every view: bumps on any in-place write
     if alloc.f32_version != version:

@@ -186,7 +186,7 @@ def exponential(dst, src, max_value=0.0, reduce_res=None, reduce_cmd=isa.reduce_
         rules.fail(api, "exponential needs NeuronCore-v4+", target.name, f"not available on {target.name}")
     p, n = isa._check_elementwise(api, dst, ("src", src))
     rules.vector_operand(api, "max_value", max_value, p)
-    values = torch.exp(isa._f32(src) - isa._scalar(max_value))
+    values = isa.OPS["exp"].fn(isa._f32(src) - isa._scalar(max_value))
     isa._write(dst, values)
     if reduce_cmd is not isa.reduce_cmd.idle:
         init = None if reduce_cmd is not isa.reduce_cmd.load_reduce else reduce_init

@@ -16,7 +16,7 @@ import operator
 
 import torch
 
-from . import addressed, context, dtypes, isa, isa_random, registers, replay, rules
+from . import addressed, context, cores, dtypes, isa, isa_random, registers, replay, rules
 from . import tensor as tensors
 from .dtypes import (bfloat16, bool_, float4_e2m1fn_x4, float8_e4m3, float8_e4m3fn,  # noqa: F401
                      float8_e4m3fn_x4, float8_e5m2, float8_e5m2_x4, float8_e8m0fnu, float16, float32, int8,
@@ -185,6 +185,7 @@ def _trace_constant_load(t):
 def load(src, dtype=None, name="") -> NkiTensor:
     """HBM -> a new SBUF tile of src's shape."""
     rules.on_chip("nl.load", "src", src, ("shared_hbm", "private_hbm"))
+    cores.step()
     t = ndarray(src.shape, dtype or src.dtype, sbuf, name)
     isa._dma_copy("nl.load", "load", t, src)
     return t
@@ -194,6 +195,7 @@ def store(dst, value) -> None:
     """SBUF value -> HBM dst."""
     rules.on_chip("nl.store", "dst", dst, ("shared_hbm", "private_hbm"))
     rules.on_chip("nl.store", "value", value, ("sbuf",))
+    cores.step()
     isa._dma_copy("nl.store", "store", dst, value)
 
 

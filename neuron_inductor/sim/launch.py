@@ -8,8 +8,8 @@ tensors (or a tuple / list of them, or an argument); each becomes the torch tens
 holds it, in its NKI dtype (uint32 comes back as int64, the storage torch can compute on;
 in NumPy mode bf16 / fp8 / uint16 outputs come back as float32 arrays).
 
-`kernel[grid](...)` runs the programs of the grid one after another (switching only at
-core_barrier / sendrecv, see cores.py), each with its own `nl.program_id`, its own
+`kernel[grid](...)` runs the programs of the grid as cores side by side (in lockstep on their HBM
+accesses, meeting at core_barrier / sendrecv, see cores.py), each with its own `nl.program_id`, its own
 SBUF/PSUM and ScalarE registers, and the same shared_hbm outputs (the k-th shared_hbm
 allocation of every program is one tensor).
 """

@@ -23,13 +23,14 @@ slow path for that signature.
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode_stack
 from torch.utils.weak import WeakIdKeyDictionary
 
-from . import tracing
+from . import op_replay_fills, tracing
 
 MAX_OPS = 200_000  # recorded operations per kernel: bounds the generated function's size (larger: slow path)
 
@@ -101,8 +102,6 @@ class Recorder(TorchDispatchMode):
         self.constants: list = []
         self.ops: list[_Op] = []
         self.denied: str | None = None
-        if torch.is_inference_mode_enabled():  # composite ops (reshape) then reach ATen aliasing, not as views
-            self.denied = "recorded under inference mode"
 
     # -- naming
     def ref(self, t: torch.Tensor, func=None, position=None) -> str:
@@ -191,7 +190,7 @@ class Recorder(TorchDispatchMode):
             raise Unsupported(f"{func}: returns {type(out).__name__}")
         out_keys = tuple(_key(t) for t in _tensors(out)) if new_slots else ()
         op = _Op(func, targs, tkwargs, touts, tuple(reads), tuple(new_slots), tuple(keys), out_keys,
-                 tuple(writes), whole, func.is_view, guard)
+                 tuple(writes), whole, func.is_view and _aliases(out, args), guard)
         if op.view and len(new_slots) == 1 and isinstance(touts, _Ref) and reads and reads[0] in self.layouts:
             root = self.layouts[reads[0]][0]
             if self.layouts[root][4] is out.dtype:  # (a dtype view is no as_strided of its root)
@@ -213,12 +212,47 @@ class Recorder(TorchDispatchMode):
         return _Ref(name)
 
 
+class _Forward(TorchDispatchMode):
+    """Records into a Recorder of another thread: the programs of an SPMD launch run on threads of
+    their own, one at a time (cores.py), so their operations form one sequence in the order they ran."""
+
+    def __init__(self, recorder: Recorder) -> None:
+        super().__init__()
+        self.recorder = recorder
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        return self.recorder.__torch_dispatch__(func, types, args, kwargs)
+
+
+def active() -> Recorder | None:
+    """The Recorder recording on this thread, if any."""
+    for mode in _get_current_dispatch_mode_stack():
+        if isinstance(mode, Recorder):
+            return mode
+        if isinstance(mode, _Forward):
+            return mode.recorder
+    return None
+
+
+def recording_into(recorder: Recorder | None):
+    """A context recording this thread's operations into `recorder` (None: records nothing)."""
+    return contextlib.nullcontext() if recorder is None else _Forward(recorder)
+
+
+def _aliases(out, args) -> bool:
+    """Whether a view operation's result is a view of its input. Under inference mode composite
+    operations reach the recorder undecomposed, and `reshape` / `flatten` are declared views that
+    copy when the layout cannot be viewed: those are operations reading their input."""
+    base = args[0] if args and isinstance(args[0], torch.Tensor) else None
+    return base is not None and all(_key(t) == _key(base) for t in _tensors(out))
+
+
 def deny(reason: str) -> None:
     """Keep the kernel being recorded (if any) on the slow path: for instructions whose Python reads
-    values the recorder does not see as guards (indirect DMA addresses)."""
-    for mode in _get_current_dispatch_mode_stack():
-        if isinstance(mode, Recorder) and mode.denied is None:
-            mode.denied = reason
+    values the recorder does not see as guards (indirect DMA rows out of bounds)."""
+    recorder = active()
+    if recorder is not None and recorder.denied is None:
+        recorder.denied = reason
 
 
 class Plan:
@@ -277,6 +311,9 @@ def plan_for(recorder: Recorder, result, instructions: list) -> Plan | None:
     if guards and writes_arg and writes_arg[0] < guards[-1]:
         return None  # a guard after an argument was written: a failed replay could not fall back
     written = {k for op in ops for k in op.writes}
+    skipped = op_replay_fills.skippable(live, recorder.layouts, recorder.arg_keys | result_keys, persistent)
+    live = [op if i not in skipped else _as_empty(op) for i, op in enumerate(live)
+            if i not in skipped or op.func is _FULL]
     calls, namespace = _calls(live, recorder, result_names, persistent, written)
     slow = set()
     for _ in range(3):  # Python bindings where they dispatch to the recorded operation, else the op itself
@@ -286,6 +323,17 @@ def plan_for(recorder: Recorder, result, instructions: list) -> Plan | None:
             return Plan(function, instructions, {"recorded": len(ops), "replayed": len(calls), "guards": len(guards)})
         slow.update(wrong)
     return None
+
+
+_FULL = torch.ops.aten.full.default
+
+
+def _as_empty(op: _Op) -> _Op:
+    """`op`, a torch.full whose every element is overwritten before it is read, as torch.empty."""
+    empty = _Op(torch.ops.aten.empty.memory_format, op.args[:1], op.kwargs, op.outs, op.reads, op.new_slots,
+                op.in_keys, op.out_keys, op.writes, op.whole_write, op.view, op.guard)
+    empty.live, empty.runtime_guard, empty.fold = op.live, op.runtime_guard, op.fold
+    return empty
 
 
 def _tensors(value):
@@ -344,8 +392,8 @@ def _mark_guards(ops: list, arg_keys: set) -> None:
         if derived:
             tainted.update(op.writes)
             tainted.update(op.out_keys)
-        elif op.new_slots and not op.view:
-            tainted.difference_update(op.out_keys)  # new storage (at an address freed before, maybe)
+        elif op.new_slots and not op.view:  # new storage (at an address freed before, maybe)
+            tainted.difference_update(k for k in op.out_keys if k not in op.in_keys)
         op.runtime_guard = op.guard is not None and derived
 
 
@@ -437,7 +485,20 @@ def _calls(live: list, recorder: Recorder, result_names: set, persistent: dict, 
             calls.append(_Call(op.func, sub(op.args), sub(op.kwargs), None, (), guard=f"g{index}"))
             continue
         calls.append(_Call(op.func, sub(op.args), sub(op.kwargs), op.outs if op.new_slots else None, op.new_slots))
-    return calls, namespace
+    return _without_unread_views(calls, result_names), namespace
+
+
+def _without_unread_views(calls: list, result_names: set) -> list:
+    """`calls` less the views nothing reads: a view of a view was kept for its own view, which folding
+    made one as_strided of the root (a view computes nothing, so dropping it changes no bit)."""
+    read, kept = set(result_names), []
+    for call in reversed(calls):
+        if call.new and call.guard is None and call.func.is_view and not any(n in read for n in call.new):
+            continue
+        read.update(_names((call.args, call.kwargs)))
+        kept.append(call)
+    kept.reverse()
+    return kept
 
 
 def _binding(func):

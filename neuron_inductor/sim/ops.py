@@ -79,6 +79,19 @@ _SQRT_HALF = math.sqrt(0.5)
 _INV_SQRT_2PI = 1.0 / math.sqrt(2 * math.pi)
 
 
+# exp(x) is +0 in fp32 for every x below this (the largest such x is -103.972...)
+EXP_ZERO_BELOW = -104.0
+
+
+def _exp(x):
+    """torch.exp, bit for bit, without the slow path libm takes for inputs that underflow (10x slower
+    per element; a causal mask's -inf / -3e38 rows are full of them): those are 0 by a mask."""
+    if x.dtype is not torch.float32:
+        return torch.exp(x)
+    zero = x < EXP_ZERO_BELOW
+    return torch.exp(x.masked_fill(zero, 0.0)).masked_fill_(zero, 0.0)
+
+
 def _gelu_dx(x):
     return 0.5 * (1 + torch.erf(x * _SQRT_HALF)) + x * _INV_SQRT_2PI * torch.exp(-0.5 * x * x)
 
@@ -155,7 +168,7 @@ OPS = {op.name: op for op in [
     _unary("mish", F.mish),
     _unary("erf", torch.erf),
     _unary("erf_dx", lambda x: (2.0 / math.sqrt(math.pi)) * torch.exp(-x * x)),
-    _unary("exp", torch.exp),
+    _unary("exp", _exp),
     _unary("sign", torch.sign),
     _unary("abs", torch.abs),
     _unary("log", torch.log),

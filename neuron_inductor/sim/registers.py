@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import operator
 
+from . import cores
 from .errors import NkiError
 from .objects import NKIObject
 
@@ -56,12 +57,15 @@ def register_move(dst, src) -> None:
 
 
 def _one_element(api, t):
+    """t's one element; reading or writing it in HBM is an HBM access of the running program (cores.step)."""
     data = getattr(t, "data", None)
     if data is None or data.numel() != 1:
         raise NkiError(f"{api}: needs a one-element tensor ([1] or [1, 1]), got "
                        f"{list(data.shape) if data is not None else type(t).__name__}")
     if t.dtype.itemsize > 4 or t.dtype.kind not in ("int", "float", "bool"):
         raise NkiError(f"{api}: registers hold 32-bit values, not {t.dtype.name}")
+    if not t.buffer.on_chip:
+        cores.step()
     return data
 
 

@@ -6,7 +6,8 @@ Such a kernel's control flow, its rule checks and its trace depend on shapes onl
 checks the rules and records the trace; a replay appends the same instructions to the active traces
 and performs the same copies in the same order, bit for bit. A tile that is written whole by one DMA
 and then read whole (with no write to the source in between) is skipped: each read copies straight
-from the tile's source, the same bytes. Kernels that do anything else, that allocate private HBM,
+from the tile's source, the same bytes; the copies of one tile loop become one strided copy
+(copy_batching.py). Kernels that do anything else, that allocate private HBM,
 or whose tiles are used otherwise are never replayed (they run normally, every time).
 
 Only kernels that opt in (`Kernel(..., replay=True)`: the backend's generated kernels, which read no
@@ -21,7 +22,7 @@ import weakref
 
 import torch
 
-from . import dtypes, op_replay, rules, tracing
+from . import copy_batching, dtypes, op_replay, rules, tracing
 from .targets import get_target
 from .tensor import NkiTensor
 
@@ -113,9 +114,10 @@ def note_output(t) -> None:
 
 
 def signature(args: tuple, kwargs: dict, grid, platform_target) -> tuple | None:
-    """What a replay must match (every argument's layout and dtype, the target), or None when the
-    call is not replayed (keyword or non-tensor arguments, SPMD grids, arguments sharing memory)."""
-    if kwargs or grid != (1,):
+    """What a replay must match (every argument's layout and dtype, the grid, inference mode (it changes
+    which operations torch dispatches, and its tensors are not written outside it), the target), or None
+    when the call is not replayed (keyword or non-tensor arguments, arguments sharing memory)."""
+    if kwargs:
         return None
     parts, storages = [], set()
     grad = torch.is_grad_enabled()
@@ -127,7 +129,7 @@ def signature(args: tuple, kwargs: dict, grid, platform_target) -> tuple | None:
             return None
         storages.add(ptr)
         parts.append((tuple(a.shape), a.stride(), a.storage_offset(), a.dtype))
-    return (tuple(parts), get_target(platform_target).name, os.environ.get(dtypes.FP32_STORAGE_ENV, ""),
+    return (tuple(parts), grid, torch.is_inference_mode_enabled(), get_target(platform_target).name, os.environ.get(dtypes.FP32_STORAGE_ENV, ""),
             os.environ.get(rules.STRICT_ENV, ""))
 
 
@@ -210,6 +212,7 @@ def plan_for(recording: Recording, result, instructions: list) -> Plan | None:
     copies = _fuse_tiles(recording.copies)
     if copies is None:
         return None
+    copies = copy_batching.batched(copies)
     leaves = []
 
     def structure(value):
@@ -248,6 +251,7 @@ def run(func, args: tuple, kwargs: dict, grid, platform_target, launch, unwrap):
                 pass  # a value-dependent read differed: this call runs normally
         return unwrap(launch())
     _RECORDER = recording = Recording(args)
+    recording.replayable = grid == (1,)  # an SPMD launch's programs share outputs: replayed as operations only
     try:
         with tracing.Trace() as recorded, op_replay.Recorder(args) as operations:
             result = launch()

@@ -66,7 +66,7 @@ class Allocation:
 
     def __del__(self):
         if self.pool is not None:
-            self.pool.release(self.nbytes)
+            self.pool.release(self.nbytes, self)
             _recycle(self.storage)
 
 
@@ -436,7 +436,9 @@ def allocate(shape, dtype: dtypes.NkiDtype, buffer: Buffer, name: str, pool) -> 
     nbytes = pool.size_of(math.prod(shape[1:]) * dtype.itemsize)
     pool.reserve(nbytes, name, shape, dtype)
     storage = _fresh_storage(shape, storage_dtype, fill)
-    return NkiTensor(storage, dtype, buffer, Allocation(storage, pool, nbytes), name)
+    alloc = Allocation(storage, pool, nbytes)
+    pool.track(alloc)
+    return NkiTensor(storage, dtype, buffer, alloc, name)
 
 
 _RAW_UINT32 = torch.uint32

@@ -76,3 +76,25 @@ def test_one_core_per_logical_core_runs_programs_one_after_another():
     assert two.engine_seconds["vector"] == pytest.approx(one.engine_seconds["vector"], rel=1e-6)
     assert two.total_seconds - launch >= one.total_seconds - launch
 
+
+
+def test_side_by_side_programs_record_each_programs_trace_unchanged(monkeypatch):
+    """On trn2 the two programs interleave in the trace (their DMAs alternate); each program's own
+    instructions are the ones it records when the programs run one after another (trn1), in order,
+    so the per-program cost model sees the same work."""
+    x = torch.randn(4 * 128, 2048)
+
+    def per_program(target):
+        monkeypatch.setenv("NEURON_PLATFORM_TARGET_OVERRIDE", target)
+        with sim.trace() as t:
+            split_rows[2](x)
+        programs = {}
+        for ins in t.instructions:
+            programs.setdefault(ins.program_id, []).append((ins.engine, ins.op, ins.shapes, ins.dtypes))
+        return [ins.program_id for ins in t.instructions], programs
+
+    side_by_side, trn2 = per_program("trn2")
+    sequential, trn1 = per_program("trn1")
+    assert trn2 == trn1
+    assert sequential == sorted(sequential)  # trn1: program 0's instructions, then program 1's
+    assert side_by_side != sorted(side_by_side)  # trn2: interleaved at the DMAs

@@ -68,3 +68,47 @@ def test_running_sum_over_a_runtime_tile_count(kernels, dtype, tiles, cols):
     tol = dict(rtol=1e-5, atol=1e-4) if dtype is torch.float32 else dict(rtol=1e-2, atol=1e-2)
     torch.testing.assert_close(out[:rows].float(), expected.float(), **tol)
     assert out[rows:].float().isnan().all()  # rows past the runtime count are never written
+
+
+def _scatter_inputs(dtype, rows=48, hidden=40):
+    values = torch.randn(2 * rows, hidden).to(dtype)
+    destinations = torch.randperm(2 * rows).to(torch.int32)  # every row written once, by either core
+    expected = torch.empty_like(values)
+    expected[destinations.long()] = values
+    return values, destinations, expected
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("barrier", [False, True])
+def test_cores_zeroing_then_scattering_interleave_as_on_hardware(kernels, dtype, barrier):
+    """Both cores start together: both zero their halves before either scatters (no barrier needed when
+    they run the same instruction stream), as hardware does; a run of program 0 to its end before
+    program 1 starts would let core 1's zeroing wipe core 0's scatter into its half."""
+    values, destinations, expected = _scatter_inputs(dtype)
+    assert torch.equal(kernels.sharded_init_then_scatter[2](values, destinations, barrier=barrier), expected)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_a_late_core_wipes_the_other_cores_scatter_without_a_barrier(kernels, dtype):
+    values, destinations, expected = _scatter_inputs(dtype)
+    rows = values.shape[0] // 2
+    raced = kernels.sharded_init_then_scatter[2](values, destinations, late_core_loads=2)
+    lost = destinations[:rows].long()  # core 0's rows that land in core 1's half were zeroed after they landed
+    lost = lost[lost >= rows]
+    assert 0 < len(lost) < rows
+    wiped = expected.clone()
+    wiped[lost] = 0
+    assert torch.equal(raced, wiped)
+    assert torch.equal(kernels.sharded_init_then_scatter[2](values, destinations, barrier=True, late_core_loads=2),
+                       expected)
+
+
+def test_one_core_per_logical_core_runs_the_programs_one_after_another(kernels, monkeypatch):
+    """trn1 has no LNC: its cost model puts both programs on one core, and they run in sequence there
+    (program 1's zeroing comes after program 0's scatter)."""
+    monkeypatch.setenv("NEURON_PLATFORM_TARGET_OVERRIDE", "trn1")
+    values, destinations, expected = _scatter_inputs(torch.float32)
+    rows = values.shape[0] // 2
+    lost = destinations[:rows].long()
+    expected[lost[lost >= rows]] = 0
+    assert torch.equal(kernels.sharded_init_then_scatter[2](values, destinations), expected)

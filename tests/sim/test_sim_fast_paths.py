@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from neuron_inductor import sim
+from neuron_inductor.sim import copy_batching
 from neuron_inductor.sim import isa as nisa
 from neuron_inductor.sim import language as nl
 from neuron_inductor.sim import op_replay
@@ -282,3 +283,200 @@ def test_kept_tiles_stay_within_the_process_budget(spent, monkeypatch):
     assert (kept > 0) if spent == 0 else (kept == 0)
     sim_replay.forget()
     assert op_replay._persistent_total == 0
+
+
+# -- loop batching, SPMD launches, indirect DMA and skipped fills in the replays ----------------------
+
+def _row_tiles(x):
+    """A copy through 128-row tiles (the last one ragged), read transposed-strided from the argument."""
+    out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+    rows, cols = x.shape
+    for i in nl.affine_range((rows + 127) // 128):
+        n = min(128, rows - 128 * i)
+        for j in nl.affine_range(cols // 8):
+            t = nl.ndarray((n, 8), dtype=x.dtype, buffer=nl.sbuf)
+            nisa.dma_copy(dst=t, src=x[128 * i:128 * i + n, 8 * j:8 * j + 8])
+            nisa.dma_copy(dst=out[128 * i:128 * i + n, 8 * j:8 * j + 8], src=t)
+    return out
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows", [128, 130])
+def test_a_tile_loops_copies_replay_as_few_strided_copies_with_the_same_bits(dtype, rows):
+    make = lambda call: torch.randn(32, rows, generator=torch.Generator().manual_seed(call)).to(dtype).t()
+    runs = _runs(_row_tiles, make)
+    for (out, _, ops), (ref_out, _, ref_ops) in zip(runs[True], runs[False]):
+        assert ops == ref_ops and len(ops) == 2 * 4 * ((rows + 127) // 128)
+        assert torch.equal(_bits(out), _bits(ref_out))
+    plans = [p for (f, _), p in sim_replay._PLANS.items() if f is _row_tiles]
+    assert len(plans[-1].copies) == (rows + 127) // 128  # one copy per row block (the ragged one apart)
+
+
+def _view(sizes, strides, offset, owner=("arg", 0)):
+    return owner, sizes, strides, offset, False
+
+
+def test_copy_runs_merge_only_between_tensors_into_elements_written_once():
+    out = ("out", 0)
+    run = [(_view((4, 8), (8, 1), 32 * k, out), _view((4, 8), (16, 1), 8 * k)) for k in range(4)]
+    assert copy_batching.batched(run) == [(_view((4, 4, 8), (32, 8, 1), 0, out), _view((4, 4, 8), (8, 16, 1), 0))]
+    overlapping = [(_view((4, 8), (8, 1), 4 * k, out), _view((4, 8), (8, 1), 32 * k)) for k in range(3)]
+    assert copy_batching.batched(overlapping) == overlapping  # later writes win: kept in order
+    same_tensor = [(_view((1, 8), (8, 1), 8 * k + 64), _view((1, 8), (8, 1), 8 * k)) for k in range(3)]
+    assert copy_batching.batched(same_tensor) == same_tensor  # each may read what the one before wrote
+    nested = [(_view((2,), (1,), 2 * i + 16 * j, out), _view((2,), (1,), 2 * i + 8 * j)) for j in range(3) for i in range(4)]
+    assert copy_batching.batched(nested) == [(_view((3, 4, 2), (16, 2, 1), 0, out), _view((3, 4, 2), (8, 2, 1), 0))]
+
+
+def _swap_halves(data):
+    """LNC2: each core computes on its half, trades it with the other core and meets it at a barrier."""
+    me = nl.program_id(0)
+    mine = nl.ndarray(tuple(data.shape[1:]), data.dtype)
+    nisa.dma_copy(dst=mine, src=data[me])
+    theirs = nl.ndarray(tuple(data.shape[1:]), data.dtype)
+    nisa.sendrecv(src=mine, dst=theirs, send_to_rank=1 - me, recv_from_rank=1 - me, pipe_id=0)
+    total = nl.ndarray(tuple(data.shape[1:]), nl.float32)
+    nisa.tensor_tensor(total, mine, theirs, nl.subtract)
+    shared = nl.ndarray((2, *data.shape[1:]), nl.float32, buffer=nl.shared_hbm)
+    nisa.dma_copy(dst=shared[me], src=total)
+    nisa.core_barrier(shared, cores=(0, 1))
+    check = nl.ndarray(tuple(data.shape[1:]), nl.float32)
+    nisa.dma_copy(dst=check, src=shared[1 - me])
+    nisa.activation(dst=check, op=nl.exp, data=check)
+    sums = nl.ndarray((2, *data.shape[1:]), nl.float32, buffer=nl.shared_hbm)
+    nisa.dma_copy(dst=sums[me], src=check)
+    return shared, sums
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows", [128, 130 - 64])
+def test_an_spmd_launch_replays_its_programs_with_the_same_bits_and_trace(dtype, rows):
+    sim_replay.forget()
+    found = {}
+    for replay in (True, False):
+        kernel = sim.Kernel(_swap_halves, replay=replay)[2]
+        found[replay] = []
+        for call in range(3):
+            x = torch.randn(2, rows, 24, generator=torch.Generator().manual_seed(call)).to(dtype)
+            with sim.trace() as recorded:
+                out, ops = _traced(lambda: kernel(x))
+            found[replay].append(([o.clone() for o in out], ops + [i.program_id for i in recorded.instructions]))
+    for (outs, ops), (ref_outs, ref_ops) in zip(found[True], found[False]):
+        assert ops == ref_ops and {(0,), (1,)} <= set(ops)
+        assert all(torch.equal(_bits(a), _bits(b)) for a, b in zip(outs, ref_outs))
+    assert [type(p) for (f, key), p in sim_replay._PLANS.items() if f is _swap_halves] == [op_replay.Plan]
+
+
+def _gather_scatter(table, ids, grad):
+    """Rows of `table` by index (a gather), and `grad` added into a zeroed table at them (a scatter)."""
+    p, f = ids.shape[0], table.shape[1]
+    idx = nl.ndarray((p, 1), nl.int32)
+    nisa.dma_copy(dst=idx, src=ids)
+    rows = nl.ndarray((p, f), table.dtype)
+    nisa.dma_copy(dst=rows, src=table.ap([[f, p], [1, f]], vector_offset=idx, indirect_dim=0),
+                  oob_mode=nisa.oob_mode.skip)
+    out = nl.ndarray((p, f), table.dtype, buffer=nl.shared_hbm)
+    nisa.dma_copy(dst=out, src=rows)
+    scattered = nl.ndarray(table.shape, table.dtype, buffer=nl.shared_hbm)
+    zeros = nl.ndarray(table.shape, table.dtype)
+    nisa.memset(zeros, 0.0)
+    nisa.dma_copy(dst=scattered, src=zeros)
+    values = nl.ndarray((p, f), grad.dtype)
+    nisa.dma_copy(dst=values, src=grad)
+    nisa.dma_copy(dst=scattered.ap([[f, p], [1, f]], vector_offset=idx, indirect_dim=0), src=values,
+                  oob_mode=nisa.oob_mode.skip)
+    return out, scattered
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_indirect_dma_kernels_replay_and_rows_out_of_bounds_run_the_slow_path(dtype):
+    sim_replay.forget()
+    gen = torch.Generator().manual_seed(5)
+    table, grad = torch.randn(100, 16, generator=gen).to(dtype), torch.randn(128, 16, generator=gen).to(dtype)
+    unique = [torch.randperm(100, generator=gen)[:64].repeat(2)[:128, None].int() for _ in range(3)]
+    calls = unique + [torch.where(unique[0] % 7 == 0, 1000, unique[0]).int()]  # the last: rows out of bounds
+    found = {}
+    for replay in (True, False):
+        kernel = sim.Kernel(_gather_scatter, replay=replay)
+        found[replay] = [_traced(lambda: [o.clone() for o in kernel(table, ids, grad)]) for ids in calls]
+    for (outs, ops), (ref_outs, ref_ops) in zip(found[True], found[False]):
+        assert ops == ref_ops and all(torch.equal(_bits(a), _bits(b)) for a, b in zip(outs, ref_outs))
+    assert [type(p) for (f, _), p in sim_replay._PLANS.items() if f is _gather_scatter] == [op_replay.Plan]
+    sim_replay.forget()
+    sim.Kernel(_gather_scatter, replay=True)(table, calls[-1], grad)  # recorded with rows out of bounds
+    assert [p for (f, _), p in sim_replay._PLANS.items() if f is _gather_scatter] == [None]
+
+
+def _column_blocks(x, w):
+    """A PSUM tile written in column blocks by matmuls, then read whole: its NaN fill is never read."""
+    k, m = x.shape
+    n = w.shape[1]
+    lhs, rhs = nl.ndarray((k, m), x.dtype), nl.ndarray((k, n), w.dtype)
+    nisa.dma_copy(dst=lhs, src=x)
+    nisa.dma_copy(dst=rhs, src=w)
+    acc = nl.ndarray((m, n), nl.float32, buffer=nl.psum)
+    for j in nl.affine_range(n // 32):
+        nisa.nc_matmul(acc[:, 32 * j:32 * j + 32], lhs, rhs[:, 32 * j:32 * j + 32])
+    res = nl.ndarray((m, n), nl.float32)
+    nisa.tensor_copy(res, acc)
+    out = nl.ndarray((m, n), nl.float32, buffer=nl.shared_hbm)
+    nisa.dma_copy(dst=out, src=res)
+    return out
+
+
+def test_fills_nothing_reads_are_skipped_with_the_same_bits():
+    make = lambda call: torch.randn(64, 128, generator=torch.Generator().manual_seed(call))
+    w = torch.randn(64, 96)
+    found = {}
+    for replay in (True, False):
+        kernel = sim.Kernel(_column_blocks, replay=replay)
+        found[replay] = [_traced(lambda: kernel(make(call), w)) for call in range(3)]
+    for (out, ops), (ref_out, ref_ops) in zip(found[True], found[False]):
+        assert ops == ref_ops and torch.equal(_bits(out), _bits(ref_out))
+    plan = next(p for (f, _), p in sim_replay._PLANS.items() if f is _column_blocks)
+    with sim.trace(), _Dispatched() as seen:
+        plan.run((make(0), w))
+    assert torch.ops.aten.fill_.Scalar not in seen.funcs and torch.ops.aten.full.default not in seen.funcs
+
+
+class _Dispatched(torch.utils._python_dispatch.TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.funcs = set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.funcs.add(func)
+        return func(*args, **(kwargs or {}))
+
+
+def _reshaped_read(x):
+    """Reshapes a transposed argument, which torch cannot view: the kernel reads through a copy."""
+    flat = x.reshape((x.shape[0] * x.shape[1] // 8, 8))
+    t = nl.ndarray(tuple(flat.shape), dtype=x.dtype, buffer=nl.sbuf)
+    nisa.dma_copy(dst=t, src=flat)
+    nisa.tensor_scalar(dst=t, data=t, op0=nl.multiply, operand0=2.0)
+    out = nl.ndarray(tuple(flat.shape), dtype=x.dtype, buffer=nl.shared_hbm)
+    nisa.dma_copy(dst=out, src=t)
+    return out
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_kernels_replay_under_inference_mode_with_the_same_bits_and_trace(dtype, monkeypatch):
+    """Under inference mode torch hands `reshape` to the recorder undecomposed, declared a view even
+    where it copies (the root cause of inference mode once staying on the slow path)."""
+    sim_replay.forget()
+    with torch.inference_mode():
+        runs = _runs(_reshaped_read, lambda call: torch.randn(16, 12, generator=torch.Generator().manual_seed(call))
+                     .to(dtype).t())
+        for (out, _, ops), (ref_out, _, ref_ops) in zip(runs[True], runs[False]):
+            assert ops == ref_ops and torch.equal(_bits(out), _bits(ref_out))
+        assert [type(p) for (f, _), p in sim_replay._PLANS.items() if f is _reshaped_read] == [op_replay.Plan]
+        torch._dynamo.reset()
+        gen = torch.Generator().manual_seed(3)
+        x, w, table = (torch.randn(*s, generator=gen).to(dtype) for s in [(130, 72), (72, 40), (50, 24)])
+        ids = torch.randint(0, 50, (130,), generator=gen)
+        q, k, v = (torch.randn(1, 2, 130, 16, generator=gen).to(dtype) for _ in range(3))
+        compiled = torch.compile(_many_kernels, backend="neuron")
+        compiled(x, w, table, ids, q, k, v)
+        assert _op_plans() >= 6
+        _same_outputs_and_trace(lambda: compiled(x, w, table, ids, q, k, v), monkeypatch)

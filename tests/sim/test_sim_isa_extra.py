@@ -290,6 +290,39 @@ def test_unmatched_sync_points_are_a_deadlock():
         kernel(torch.zeros(1))
 
 
+def test_cores_waiting_at_different_sync_points_deadlock_with_both_named():
+    @sim.jit
+    def kernel(data):
+        shared = nl.ndarray((2, 4), nl.float32, buffer=nl.shared_hbm)
+        tile = nl.ndarray((2, 4), nl.float32)
+        nisa.dma_copy(dst=tile, src=data)
+        if nl.program_id(0) == 0:
+            nisa.core_barrier(shared, cores=(0, 1))
+        else:
+            nisa.sendrecv(src=tile, dst=tile, send_to_rank=0, recv_from_rank=0, pipe_id=3)
+        return shared
+
+    with pytest.raises(sim.NkiRuleError, match="deadlocked") as error:
+        kernel[2](torch.zeros(2, 4))
+    message = str(error.value)
+    assert "program 0 waits at nisa.core_barrier #0 with programs [0, 1]" in message
+    assert "program 1 waits at nisa.sendrecv(pipe_id=3) #0 with programs [0, 1]" in message
+    assert error.value.op == "nisa.core_barrier"
+
+
+def test_a_failing_core_stops_the_core_waiting_for_it():
+    @sim.jit
+    def kernel(data):
+        shared = nl.ndarray((2, 4), nl.float32, buffer=nl.shared_hbm)
+        if nl.program_id(0) == 1:
+            raise ValueError("core 1 failed")
+        nisa.core_barrier(shared, cores=(0, 1))
+        return shared
+
+    with pytest.raises(ValueError, match="core 1 failed"):
+        kernel[2](torch.zeros(1))
+
+
 # ---------------------------------------------------------------------------- SBUF data movement
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -134,3 +134,129 @@ def test_psum_tiles_take_whole_banks():
     with pytest.raises(sim.NkiCapacityError) as info:
         keep_tiles(9, 128, nl.psum)()
     assert info.value.value == 9 * 2048
+
+
+# ---------------------------------------------------------------------------- tiles freed at their last use
+
+BANK_F32 = 512  # fp32 elements of one 2 KiB PSUM bank
+
+
+def _transpose_blocks(x, out, block):
+    """Eight 128-row tiles of x transposed through eight PSUM banks into out; -> the banks."""
+    banks = [nl.ndarray((128, 128), nl.float32, buffer=nl.psum) for _ in range(8)]
+    for i in range(8):
+        start = (block * 8 + i) * 128
+        tile = nl.ndarray((128, 128), nl.float32)
+        nisa.dma_copy(dst=tile, src=x[start:start + 128, :])
+        nisa.nc_transpose(dst=banks[i], data=tile)
+        staged = nl.ndarray((128, 128), nl.float32)
+        nisa.tensor_copy(dst=staged, src=banks[i])
+        nisa.dma_copy(dst=out[:, start:start + 128], src=staged)
+    return banks
+
+
+@sim.jit
+def transpose_in_banks(x):
+    """x.T through PSUM, eight banks per 1024 rows (a name rebound on every iteration, as production
+    kernels write it), then one more PSUM tile after the loop."""
+    out = nl.ndarray((128, x.shape[0]), nl.float32, buffer=nl.shared_hbm)
+    for block in range(x.shape[0] // (8 * 128)):
+        banks = _transpose_blocks(x, out, block)
+        nisa.memset(banks[0], 0.0)
+    extra = nl.ndarray((128, BANK_F32), nl.float32, buffer=nl.psum)
+    nisa.memset(extra, 0.0)
+    return out
+
+
+@sim.jit
+def transpose_in_banks_read_after(x):
+    """transpose_in_banks, but the last banks are read after the loop: all eight stay live."""
+    out = nl.ndarray((128, x.shape[0]), nl.float32, buffer=nl.shared_hbm)
+    for block in range(x.shape[0] // (8 * 128)):
+        banks = _transpose_blocks(x, out, block)
+    extra = nl.ndarray((128, BANK_F32), nl.float32, buffer=nl.psum)
+    nisa.memset(extra, 0.0)
+    nisa.tensor_copy(dst=extra[:, 0:128], src=banks[0])
+    return out
+
+
+def test_a_tile_list_rebound_in_a_loop_is_freed_at_its_last_read():
+    """Each iteration's eight banks are dead once it ends (the next iteration rebinds the name before
+    reading it, nothing reads it after the loop): the compiler frees them, so the next eight and the
+    tile after the loop fit. Freed only at reference drop, the second iteration needs 16 banks."""
+    x = torch.randn(2 * 8 * 128, 128)
+    assert torch.equal(transpose_in_banks(x), x.T)
+
+
+def test_tiles_read_later_stay_live_and_overflow():
+    with pytest.raises(sim.NkiCapacityError, match="live PSUM to 18432"):
+        transpose_in_banks_read_after(torch.randn(8 * 128, 128))
+
+
+def test_a_name_rebound_each_iteration_frees_its_big_tile():
+    usable = sim.get_target("trn2").sbuf_usable_bytes
+    free = usable // 4 * 3 // 4  # three quarters of SBUF: two never fit at once
+
+    @sim.jit
+    def kernel(x):
+        out = nl.ndarray((128, 4), nl.float32, buffer=nl.shared_hbm)
+        for i in range(3):
+            big = nl.ndarray((128, free), nl.float32)
+            nisa.memset(big, float(i))
+            nisa.dma_copy(dst=out[:, i:i + 1], src=big[:, 0:1])
+        last = nl.ndarray((128, 1), nl.float32)
+        nisa.tensor_copy(dst=last, src=big[:, 0:1])  # read after the loop: the last big tile stays
+        nisa.dma_copy(dst=out[:, 3:4], src=last)
+        return out
+
+    assert torch.equal(kernel(torch.zeros(1)), torch.tensor([0.0, 1.0, 2.0, 2.0]).expand(128, 4))
+
+
+def test_tiles_held_by_an_expression_being_evaluated_count_as_live():
+    @sim.jit
+    def kernel():
+        kept = [nl.ndarray((128, BANK_F32), nl.float32, buffer=nl.psum) for _ in range(7)]
+        pair = (nl.ndarray((128, BANK_F32), nl.float32, buffer=nl.psum),
+                nl.ndarray((128, BANK_F32), nl.float32, buffer=nl.psum))  # the first waits on the stack
+        nisa.memset(kept[0], 0.0)
+        return pair
+
+    with pytest.raises(sim.NkiCapacityError, match="live PSUM to 18432"):
+        kernel()
+
+
+_STASH = []
+
+
+def test_tiles_referenced_from_outside_the_kernel_variables_stay_live():
+    @sim.jit
+    def kernel():
+        for _ in range(9):
+            bank = nl.ndarray((128, BANK_F32), nl.float32, buffer=nl.psum)
+            _STASH.append(bank)  # a module global: the kernel may read it anywhere
+        return None
+
+    try:
+        with pytest.raises(sim.NkiCapacityError, match="live PSUM to 18432"):
+            kernel()
+    finally:
+        _STASH.clear()
+
+
+def test_a_tile_a_closure_reads_later_stays_live():
+    @sim.jit
+    def kernel():
+        first = nl.ndarray((128, BANK_F32), nl.float32, buffer=nl.psum)
+        nisa.memset(first, 1.0)
+
+        def captured():
+            return first
+
+        others = [nl.ndarray((128, BANK_F32), nl.float32, buffer=nl.psum) for _ in range(7)]
+        extra = nl.ndarray((128, BANK_F32), nl.float32, buffer=nl.psum)  # `first` is read below, through captured()
+        for bank in others + [extra]:
+            nisa.tensor_copy(dst=bank, src=captured())
+        return None
+
+    with pytest.raises(sim.NkiCapacityError, match="live PSUM to 18432"):
+        kernel()

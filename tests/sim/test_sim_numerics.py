@@ -87,3 +87,16 @@ def test_integer_iota_into_float_tiles(dtype):
     out = on_tiles(lambda d: nisa.iota(d, [[1, 300]]), (1, 300), dtype)
     expected = torch.arange(300.0).reshape(1, 300).to(sim.dtypes.as_dtype(dtype).storage)
     assert torch.equal(out, expected)
+
+
+def test_exp_gives_torch_exp_bits_on_every_kind_of_fp32_input():
+    """ScalarE / VectorE exp skips libm's slow underflow path by a mask (sim/ops.py): the same bits as
+    torch.exp on a sweep of fp32 bit patterns (every exponent, both signs, NaNs and infinities) and at
+    the edge where exp underflows to zero."""
+    from neuron_inductor.sim.ops import EXP_ZERO_BELOW, OPS
+    pattern = torch.arange(0, 2 ** 32, 4099, dtype=torch.int64)
+    x = torch.where(pattern >= 2 ** 31, pattern - 2 ** 32, pattern).to(torch.int32).view(torch.float32)
+    edge = torch.tensor([EXP_ZERO_BELOW, -103.97210693359375, -103.97211456298828, -87.5, -3.4028235e38,
+                         -float("inf"), float("inf"), float("nan"), -0.0, 0.0, 88.7, 88.8])
+    for values in (x, edge, torch.linspace(-110, -100, 100_001)):
+        assert torch.equal(OPS["exp"].fn(values).view(torch.int32), torch.exp(values).view(torch.int32))

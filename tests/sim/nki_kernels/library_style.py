@@ -187,3 +187,31 @@ def running_sum(x, num_tiles):
                           src=result)
         nisa.tensor_scalar(dst=row_start, data=row_start, op0=nl.add, operand0=P, engine=nisa.engine.vector)
     return out
+
+
+@nki.jit
+def sharded_init_then_scatter(values, destinations, barrier=False, late_core_loads=0):
+    """A MoE-backward-style gradient: each core zeroes its half of a shared [2 * rows, hidden] buffer,
+    then scatters its `rows` value rows to their destination rows (which may lie in the other core's
+    half). With barrier=True a core_barrier separates the two phases; without it the result depends on
+    how far the cores are apart, as on hardware: `late_core_loads` extra HBM reads on core 1 before its
+    zeroing let core 0's scatter into core 1's half land first, and core 1's zeroing then wipes it.
+    """
+    cores_rows, hidden = values.shape
+    rows = cores_rows // 2
+    me = nl.program_id(0)
+    grad = nl.ndarray((cores_rows, hidden), dtype=values.dtype, buffer=nl.shared_hbm)
+    mine = nl.ndarray((rows, hidden), dtype=values.dtype, buffer=nl.sbuf)
+    nisa.dma_copy(dst=mine, src=values[me * rows:(me + 1) * rows, :])
+    where = nl.ndarray((rows, 1), dtype=nl.int32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=where, src=destinations.ap([[1, rows], [1, 1]], offset=me * rows))
+    if me == 1:
+        for _ in range(late_core_loads):
+            nisa.dma_copy(dst=mine, src=values[me * rows:(me + 1) * rows, :])
+    zeros = nl.ndarray((rows, hidden), dtype=values.dtype, buffer=nl.sbuf)
+    nisa.memset(dst=zeros, value=0.0)
+    nisa.dma_copy(dst=grad[me * rows:(me + 1) * rows, :], src=zeros)
+    if barrier:
+        nisa.core_barrier(data=grad, cores=(0, 1))
+    nisa.dma_copy(dst=grad.ap([[hidden, rows], [1, hidden]], vector_offset=where, indirect_dim=0), src=mine)
+    return grad
