@@ -40,7 +40,7 @@ import torch
 
 from . import __version__
 from . import cache_trust as trust
-from .compiler import CompiledArtifact
+from .compiler import UNCHECKED, CompiledArtifact
 
 log = logging.getLogger("neuron_inductor")
 
@@ -164,7 +164,7 @@ class CompileCache:
 
     @functools.cached_property
     def checks(self):
-        """Verdicts of the compile-time kernel check (kernel_checks.py), in this folder's `checks/`
+        """Verdicts of the kernel rule check (kernel_checks.py), in this folder's `checks/`
         subfolder; in memory only when this folder's entries are not written."""
         from .kernel_checks import KernelChecks
 
@@ -349,9 +349,21 @@ class CompileCache:
             self.stats.count("compiles", bucket)
             self.stats.compile_seconds += float(artifact.meta.get("compile_seconds", 0.0))
             self.memory[key] = (parts, artifact)
-            if self.folder is not None:
+            if self.folder is not None and not artifact.meta.get(UNCHECKED):  # else: `store_checked` writes it
                 self._write(key, parts, artifact)
         return artifact, extra, "compiled"
+
+    def store_checked(self, parts: dict, artifact: CompiledArtifact) -> None:
+        """Write a compiled artifact whose kernels were checked at their first use, once all of them
+        have passed: only checked kernels reach the disk."""
+        assert not artifact.meta.get(UNCHECKED), "kernels not checked yet"
+        artifact.meta.pop(UNCHECKED, None)
+        if self.folder is not None:
+            self._write(key_of(parts), parts, artifact)
+
+    def discard(self, parts: dict) -> None:
+        """Forget the memory entry for `parts` (one of its kernels broke a rule at its first use)."""
+        self.memory.pop(key_of(parts), None)
 
     def entries(self) -> list[dict[str, Any]]:
         """Every entry (memory and disk) with its key parts: what `cache explain` compares against."""

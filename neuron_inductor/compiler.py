@@ -1,11 +1,11 @@
 """Compile one static ATen graph: lower -> render kernels and wrapper -> toolchain build.
 
 `compile_static_graph` produces a `CompiledArtifact` (plain text and JSON-able metadata, so the
-disk cache can store it); `compile_and_build` adds the toolchain build and, whichever toolchain runs the
-kernels, runs every kernel once in the interpreter on zeros to check the hardware rules before real
-data reaches it (a kernel that
-breaks one is reported by name and rule; where fallback is allowed the graph is lowered again with
-that kernel's ops on the host). `Program` loads an artifact into something callable.
+disk cache can store it); `compile_and_build` adds the toolchain build and the interpreter's check of
+the hardware rules before any kernel's output is used: as each kernel's first run where the graph
+allows it, else by running every kernel once on zeros (a kernel that breaks a rule is reported by
+name and rule; where fallback is allowed the graph is lowered again with that kernel's ops on the
+host). `Program` loads an artifact into something callable.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from .codegen.render import render_kernel, template_hash, unnamed
 from .codegen.wrapper import render_wrapper
 from .lowering.context import LoweringContext
 from .lowering.graph import LoweredGraph, lower_graph, op_name
-from .lowering.ir import KernelSpec
+from .lowering.ir import HostStep, KernelSpec
 from .nki_ops import lowering as user_kernels
 from .observe import progress
 from .observe.accounting import node_flops
@@ -134,12 +134,12 @@ def _check_arguments(spec: KernelSpec) -> list[torch.Tensor]:
     return [torch.zeros(kernel_shape(val.shape), dtype=kernel_dtype(val.dtype)) for val in vals]
 
 
-def rule_checks(artifact: CompiledArtifact, lowered: LoweredGraph) -> list[KernelCheck]:
-    """What the rule check runs for each of the graph's kernels."""
+def rule_checks(artifact: CompiledArtifact, lowered: LoweredGraph, skip: set[str] = frozenset()) -> list[KernelCheck]:
+    """What the rule check on zeros runs for each of the graph's kernels but those in `skip`."""
     # nki_op kernels run the user's Python beyond their source: their verdicts are never stored
     return [KernelCheck(spec.name, unnamed(artifact.kernel_sources[spec.name], spec.name), _check_arguments(spec),
                         storable=spec.family != user_kernels.FAMILY)
-            for spec in lowered.kernels]
+            for spec in lowered.kernels if spec.name not in skip]
 
 
 def build_kernels(toolchain: Toolchain, artifact: CompiledArtifact) -> dict[str, Callable]:
@@ -152,21 +152,75 @@ def build_kernels(toolchain: Toolchain, artifact: CompiledArtifact) -> dict[str,
     return kernels
 
 
-def compile_and_build(gm: fx.GraphModule, fallback_mode: str, toolchain: Toolchain, target: str,
-                      verdicts=None, lnc: int | None = None) -> tuple[CompiledArtifact, LoweredGraph, dict[str, Callable]]:
-    """Compile a static graph and build its kernels; check them in the interpreter first (kernels
-    with a stored passing verdict in `verdicts` are not run again, see `SimulatorToolchain.check`).
+def rerunnable(lowered: LoweredGraph) -> bool:
+    """Whether running the graph again from its inputs after a kernel stopped half-way gives what one
+    run gives: no kernel writes into an input and no host step mutates, draws random numbers,
+    communicates or has effects."""
+    if any(spec.inplace for spec in lowered.kernels):
+        return False
+    for step in lowered.steps:
+        if isinstance(step, HostStep) and step.kind == "collective":
+            return False  # the other ranks would not run it again
+        if isinstance(step, HostStep) and step.kind == "fallback":
+            target = step.node.target
+            if not isinstance(target, torch._ops.OpOverload) or target._schema.is_mutable \
+                    or torch.Tag.nondeterministic_seeded in target.tags:
+                return False
+    return True
 
-    A kernel that breaks a hardware rule is reported by name and rule; where fallback is allowed the
-    graph is lowered again with that kernel's ops on the host (and checked again), so no user data
-    ever reaches a kernel that breaks a rule. With fallback 'error' the violation is raised.
+
+def checks_at_first_use(toolchain: Toolchain, target: str, lowered: LoweredGraph) -> bool:
+    """Whether the graph's rule check can be its kernels' first run (`FirstUseCheck`) instead of a
+    run on zeros at compile time: the interpreter that runs the kernels checks them (the simulator for
+    the planned target), no kernel is a user's nki_op (it runs the user's Python beyond its source),
+    and a violation can be answered by re-lowering and running the graph again (`rerunnable`)."""
+    return (toolchain.name == "simulator" and toolchain.target.name == target and rerunnable(lowered)
+            and not any(spec.family == user_kernels.FAMILY for spec in lowered.kernels))
+
+
+def fallback_for(violation: KernelRuleViolation, lowered: LoweredGraph) -> dict[fx.Node, str]:
+    """The ops of the kernel that broke a rule, with the reason they now run on the host."""
+    spec = next(s for s in lowered.kernels if s.name == violation.kernel)
+    reason = f"generated kernel {violation.kernel} broke a hardware rule: {violation.error}"
+    return {node: reason for node in _kernel_nodes(spec)}
+
+
+def _checked_at_first_use(toolchain: SimulatorToolchain, artifact: CompiledArtifact, kernels: dict[str, Callable],
+                          verdicts) -> dict[str, Callable]:
+    """`kernels` with those listed in `meta[UNCHECKED]` checked at their first use."""
+    names = artifact.meta[UNCHECKED]
+    sources = {name: unnamed(artifact.kernel_sources[name], name) for name in names}
+    return {**kernels, **toolchain.checked_at_first_use({name: kernels[name] for name in names}, sources, verdicts,
+                                                        artifact.meta["estimates"], names)}
+
+
+UNCHECKED = "unchecked"  # artifact.meta: kernels checked at first use that have not run yet
+
+
+def compile_and_build(gm: fx.GraphModule, fallback_mode: str, toolchain: Toolchain, target: str,
+                      verdicts=None, lnc: int | None = None, force: dict[fx.Node, str] | None = None
+                      ) -> tuple[CompiledArtifact, LoweredGraph, dict[str, Callable]]:
+    """Compile a static graph (the ops in `force` on the host) and build its kernels, each checked
+    in the interpreter before its output is used.
+
+    Where `checks_at_first_use` allows, the check is each kernel's first run (`FirstUseCheck`):
+    compiling runs none of them; `meta["estimates"]` fills in as they run and `meta[UNCHECKED]`
+    lists those that have not run yet (the runtime stores the artifact on disk once it is empty, and
+    answers a violation by re-lowering with `fallback_for`). The other kernels, and those whose first
+    run can fail on the data (a bounds check on ids: its failure is the user's error, not a broken
+    rule), run once on zeros here (kernels with a stored passing verdict in `verdicts` are not run
+    again, see `SimulatorToolchain.check`): a kernel that breaks a hardware rule is reported by name
+    and rule; where fallback is allowed the graph is lowered again with that kernel's ops on the host
+    (and checked again), so no user data ever reaches it. With fallback 'error' the violation is raised.
     """
-    force: dict[fx.Node, str] = {}
+    force = dict(force or {})
     while True:
         artifact, lowered = compile_static_graph(gm, fallback_mode, target, force, lnc)
         start = time.perf_counter()
         kernels = build_kernels(toolchain, artifact)
         artifact.meta["timings"]["compile"] = time.perf_counter() - start
+        first_use = checks_at_first_use(toolchain, target, lowered)
+        later = [spec.name for spec in lowered.kernels if first_use and not spec.index_bounds]
         start = time.perf_counter()
         # The interpreter checks the rules before first use whichever toolchain runs the kernels,
         # for the target the kernels were planned for.
@@ -174,16 +228,18 @@ def compile_and_build(gm: fx.GraphModule, fallback_mode: str, toolchain: Toolcha
             else SimulatorToolchain(target)
         checked = kernels if checker is toolchain else build_kernels(checker, artifact)
         try:
-            artifact.meta["estimates"] = checker.check(checked, rule_checks(artifact, lowered), verdicts)
+            artifact.meta["estimates"] = checker.check(checked, rule_checks(artifact, lowered, skip=set(later)),
+                                                       verdicts)
         except KernelRuleViolation as violation:
             if fallback_mode == "error":
                 raise
             log.error("neuron_inductor: %s; its ops run eagerly on the host instead", violation)
-            spec = next(s for s in lowered.kernels if s.name == violation.kernel)
-            reason = f"generated kernel {violation.kernel} broke a hardware rule: {violation.error}"
-            force.update({node: reason for node in _kernel_nodes(spec)})
+            force.update(fallback_for(violation, lowered))
             continue
         artifact.meta["timings"]["check"] = time.perf_counter() - start
+        if later:
+            artifact.meta[UNCHECKED] = later
+            kernels = _checked_at_first_use(toolchain, artifact, kernels, verdicts)
         return artifact, lowered, kernels
 
 
@@ -220,6 +276,8 @@ class Program:
         least the artifact's constants, by name."""
         if kernels is None:
             kernels = build_kernels(toolchain, artifact)
+            if artifact.meta.get(UNCHECKED):  # from memory, before the first run of its compile finished
+                kernels = _checked_at_first_use(toolchain, artifact, kernels, None)
         return cls(artifact, SimpleNamespace(**kernels), {name: constants[name] for name in artifact.constants},
                    static_gm, lowered)
 

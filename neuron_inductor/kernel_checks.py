@@ -1,11 +1,11 @@
-"""Verdicts of the interpreter's compile-time rule check, cached across graphs and processes.
+"""Verdicts of the interpreter's rule check, cached across graphs and processes.
 
-Checking a generated kernel (running it once on zeros, see `SimulatorToolchain.check`) is a pure
-function of its source, its arguments' shapes and dtypes, the interpreter's own source and the
-interpreter settings that change what runs (target, fp32 storage, strict activation ranges). A
-kernel that passed is not run again for the check when the same kernel appears in another graph or
-process: its verdict (the cost estimate the check recorded) is read back. Only passes are stored; a kernel that breaks a rule
-is checked (and reported) every time.
+Checking a generated kernel (its first run, `toolchain.simulator.FirstUseCheck`, or a run on zeros
+at compile time, `SimulatorToolchain.check`) is a pure function of its source, its arguments'
+shapes and dtypes, the interpreter's own source and the interpreter settings that change what runs
+(target, fp32 storage, strict activation ranges). A kernel that passed is not checked again when the
+same kernel appears in another graph or process: its verdict (the cost estimate the check recorded)
+is read back. Only passes are stored; a kernel that breaks a rule is checked (and reported) every time.
 
 Verdicts live next to the compiled graphs, in the `checks/` subfolder of the cache folder, as
 entries of a `CompileCache` of their own: the same trust rules (private or authenticated), atomic

@@ -33,12 +33,13 @@ import torch.fx as fx
 from . import bucketing, generalize, nki_ops, observe
 from .bucketing import Bucket, BucketPolicy, evaluate, shape_exprs, size_expr
 from .cache import base_key_parts, get_cache, key_of
-from .compiler import CompiledArtifact, Program, compile_and_build
+from .compiler import UNCHECKED, CompiledArtifact, Program, compile_and_build, fallback_for
 from .config import NeuronConfig
 from .lowering.graph import LoweredGraph
 from .lowering.registry import VIEW_OPS
 from .passes.pad_safety import PadSafeRewrite
 from .toolchain import select_toolchain
+from .toolchain.simulator import KernelRuleViolation
 
 log = logging.getLogger("neuron_inductor")
 
@@ -151,6 +152,9 @@ class GraphRunner:
         # The record of each program compiled or loaded here that has not run yet (observe/ gets it
         # with the program's first call).
         self._first_calls: dict[tuple, observe.ProgramRecord] = {}
+        # Per plan whose kernels broke a rule at their first use: the static graph and the ops it now
+        # runs on the host (compiler.fallback_for), for its next compile.
+        self._relowered: dict[tuple, tuple[fx.GraphModule, dict]] = {}
         self.input_specs = [_value_spec(v) for v in example_inputs]
         self.input_dtypes = [str(v.dtype) for v in example_inputs if isinstance(v, torch.Tensor)]
         self.output_specs = _output_specs(gm)
@@ -278,12 +282,13 @@ class GraphRunner:
 
     def _compile(self, plan: CallPlan, inputs: list) -> Program:
         start = time.perf_counter()
-        static_gm = self._static_gm(plan, inputs)
+        static_gm, force = self._relowered.get(plan.signature) or (self._static_gm(plan, inputs), {})
         bucket_seconds = time.perf_counter() - start  # the 'bucket' stage of the compile log (observe/)
         verdicts = get_cache(self.config.cache_dir, self.config.cache_secret).checks
         artifact, lowered, kernels = compile_and_build(static_gm, self.config.fallback, self.toolchain,
                                                        self.config.target, verdicts,
-                                                       None if self.config.lnc == "auto" else int(self.config.lnc))
+                                                       None if self.config.lnc == "auto" else int(self.config.lnc),
+                                                       force)
         artifact.meta["timings"]["bucket"] = bucket_seconds
         program = self._load_program(artifact, static_gm, kernels, lowered)
         artifact.meta["compile_seconds"] = time.perf_counter() - start
@@ -324,9 +329,33 @@ class GraphRunner:
         boxed.clear()  # AOTAutograd's boxed convention: the callee frees its inputs
         plan = self.plan(args)
         inputs = self.inputs_for(plan, args)
-        program = self.program_for(plan, inputs, args)
+        while True:
+            program = self.program_for(plan, inputs, args)
 
-        def execute() -> list:
-            return self.finish(plan, program(inputs), args, inputs)
+            def execute() -> list:
+                outputs = program(inputs)
+                if UNCHECKED in program.artifact.meta and not program.artifact.meta[UNCHECKED]:
+                    self._cache().store_checked(self.key_parts(plan), program.artifact)
+                return self.finish(plan, outputs, args, inputs)
 
-        return observe.on_run(self._first_calls.pop(plan.signature, None), args, execute)
+            try:
+                return observe.on_run(self._first_calls.pop(plan.signature, None), args, execute)
+            except KernelRuleViolation as violation:
+                self._relower(plan, inputs, program, violation)
+
+    def _cache(self):
+        return get_cache(self.config.cache_dir, self.config.cache_secret)
+
+    def _relower(self, plan: CallPlan, inputs: list, program: Program, violation: KernelRuleViolation) -> None:
+        """A kernel checked at its first use broke a rule (compiler.FirstUseCheck): raise with fallback
+        'error', else compile the plan again with that kernel's ops on the host; the caller runs the
+        graph again from its inputs, which none of its kernels writes (compiler.rerunnable)."""
+        self.programs.pop(plan.signature, None)
+        self._cache().discard(self.key_parts(plan))
+        if self.config.fallback == "error":
+            raise violation
+        if program.lowered is None:  # loaded from memory: the next compile lowers it and finds the kernel again
+            return
+        log.error("neuron_inductor: %s; its ops run eagerly on the host instead", violation)
+        static_gm, force = self._relowered.get(plan.signature) or (program.static_gm, {})
+        self._relowered[plan.signature] = (static_gm, {**force, **fallback_for(violation, program.lowered)})

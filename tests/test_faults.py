@@ -33,6 +33,7 @@ import torch
 from neuron_inductor import cache as cache_module
 from neuron_inductor import config
 from neuron_inductor.cache import CompileCache, cache_stats
+from neuron_inductor.compiler import UNCHECKED
 from neuron_inductor.toolchain.simulator import KernelRuleViolation
 from neuron_inductor.toolchain.simulator import SimulatorToolchain
 
@@ -351,6 +352,20 @@ def test_rule_violation_raises_in_error_mode_naming_kernel_and_rule(fresh_proces
             compiled(x, w)
 
 
+def test_a_kernel_checked_at_first_use_that_breaks_a_rule_is_never_stored_nor_reused(fresh_process, break_kernels):
+    """The check is the kernel's first run (compiler.checks_at_first_use): it raises before the graph
+    returns, the graph is not written to the disk cache, and the next call checks (and raises) again
+    instead of running the kernel from the memory tier."""
+    break_kernels("softmax")
+    x, w = torch.randn(4, 33), torch.randn(33)
+    with config.patch(fallback="error"):
+        compiled = torch.compile(_softmax_scale, backend="neuron")
+        for _ in range(2):
+            with pytest.raises(KernelRuleViolation, match="generated kernel k0_softmax breaks a hardware rule"):
+                compiled(x, w)
+    assert CompileCache(fresh_process).entries() == []
+
+
 def test_rule_violation_falls_back_to_eager_and_the_fixed_entry_is_cached(fresh_process, break_kernels, caplog):
     break_kernels("softmax")
     x, w = torch.randn(4, 33), torch.randn(33)
@@ -372,6 +387,8 @@ def test_rule_violation_falls_back_to_eager_and_the_fixed_entry_is_cached(fresh_
     meta = CompileCache(fresh_process).load(entry["key"]).meta
     assert [f["op"] for f in meta["fallbacks"]] == ["aten._softmax.default"]
     assert BROKEN_RULE in meta["fallbacks"][0]["reason"] and meta["kernels"]
+    # written once every kernel had passed its first-use check, with each kernel's estimate
+    assert UNCHECKED not in meta and set(meta["estimates"]) == {k["name"] for k in meta["kernels"]}
 
 
 def test_two_kernels_breaking_rules_both_end_up_on_the_host(fresh_process, break_kernels):

@@ -1,6 +1,6 @@
-"""The compile-time kernel check's verdicts are stored by kernel source and argument shapes: a
-kernel that passed is not run on zeros again in a later process, even for a graph that is compiled
-anew; a changed interpreter checks again; results and cost estimates stay those of a real check."""
+"""The kernel check's verdicts are stored by kernel source and argument shapes: a kernel that
+passed is not checked again in a later process, even for a graph that is compiled anew; a changed
+interpreter checks again; results and cost estimates stay those of a real check."""
 
 from __future__ import annotations
 

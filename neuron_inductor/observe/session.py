@@ -56,7 +56,7 @@ class CompiledBucket:
     signature: str  # the call plan's signature: (mode, bucket sizes)
     plan: str  # the plan as people read it: "static", "s0=128", "exact s0=100"
     source: str  # how the compile cache answered: "compiled" | "memory" | "disk"
-    artifact: Any  # compiler.CompiledArtifact (meta["estimates"] come from the compile-time kernel check)
+    artifact: Any  # compiler.CompiledArtifact (meta["estimates"]: the kernel check's, filled in at first use)
     padding: dict[str, float] | None
     target: str  # hardware generation the estimates are for (config option `target`)
     folder: Path | None = None

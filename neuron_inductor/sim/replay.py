@@ -16,6 +16,7 @@ register values) are recorded.
 
 from __future__ import annotations
 
+import copy
 import os
 import weakref
 
@@ -28,12 +29,34 @@ from .tensor import NkiTensor
 _RECORDER = None  # the Recording of the kernel running now, if one is being recorded
 _PLANS: dict = {}  # (func, signature) -> Plan, or None when the kernel cannot be replayed
 _MAX_PLANS = 4096
+_TWINS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # func -> the same kernel under another name
 
 
 def forget() -> None:
     """Drop every recorded plan (`neuron_inductor.reset()`)."""
     _PLANS.clear()
+    _TWINS.clear()
     op_replay.release()
+
+
+def share_plans(func, twin) -> None:
+    """`func` is `twin`'s kernel under another name (a model's repeated layers repeat kernels): a call
+    of `func` with a signature `twin` has recorded replays `twin`'s plan, its instructions named
+    after `func`, instead of running slowly to record the same plan again."""
+    _TWINS[func] = twin
+
+
+def _twin_plan(func, key: tuple):
+    """The plan of `func`'s twin for `key`, its trace renamed; None when it has recorded none."""
+    plan = _PLANS.get((_TWINS[func], key))
+    if plan is None:
+        return None
+    name = func.__name__
+    plan = copy.copy(plan)
+    plan.instructions = [tracing.Instruction(i.engine, i.op, i.flops, i.bytes, i.free_size, i.partitions, i.operands,
+                                             name, i.program_id, i.allocs, i.dma_run_bytes)
+                         for i in plan.instructions]
+    return plan
 
 
 class Recording:
@@ -214,6 +237,10 @@ def run(func, args: tuple, kwargs: dict, grid, platform_target, launch, unwrap):
     key = signature(args, kwargs, grid, platform_target)
     if key is None or _RECORDER is not None:
         return unwrap(launch())
+    if func in _TWINS and (func, key) not in _PLANS and len(_PLANS) < _MAX_PLANS:
+        twin = _twin_plan(func, key)
+        if twin is not None:
+            _PLANS[func, key] = twin
     key = (func, key)
     if key in _PLANS:
         plan = _PLANS[key]
