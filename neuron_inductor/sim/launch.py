@@ -21,8 +21,9 @@ import itertools
 import os
 
 import torch
+from torch.utils._python_dispatch import _disable_current_modes, _get_current_dispatch_mode_stack
 
-from . import context, cores, rules, tracing
+from . import context, cores, op_replay, rules, tracing
 from . import replay as replays
 from .errors import NkiError
 from .targets import get_target
@@ -80,6 +81,13 @@ def simulate(kernel):
 
 
 def run(func, grid, args, kwargs, platform_target=None, replay=False):
+    if _get_current_dispatch_mode_stack() and op_replay.active() is None:
+        # The kernel's torch operations are the device's work, not operations of the caller's
+        # program: a dispatch mode around the call (AOTAutograd's custom-op aliasing analysis on a
+        # compiled graph's first call, a user's FlopCounterMode) must neither see nor slow them.
+        # A replay recording an outer kernel (a nested kernel run inline) keeps seeing them.
+        with _disable_current_modes():
+            return run(func, grid, args, kwargs, platform_target, replay)
     numpy_mode = any(_is_ndarray(a) for a in itertools.chain(args, kwargs.values()))
     if tracing.ACTIVE:
         tracing.begin_launch()

@@ -12,12 +12,18 @@ Nothing reads a dropped fill's values, so no bit changes.
 
 from __future__ import annotations
 
+import bisect
+from itertools import islice
+
 import torch
 
 _FILLS = {"aten::fill_", "aten::zero_"}
 _OVERWRITES = {"aten::copy_", "aten::fill_", "aten::zero_"}
 _FULL = torch.ops.aten.full.default
 MAX_ELEMENTS = 1 << 24  # a storage larger than this is not followed (its fill is kept)
+# Mask elements one fill's follow may combine before its fill is kept (a bound on planning time;
+# keeping a fill is always correct).
+MAX_FOLLOW_ELEMENTS = 1 << 26
 
 
 def skippable(live: list, layouts: dict, caller_keys: set, persistent: dict) -> set:
@@ -36,9 +42,11 @@ def skippable(live: list, layouts: dict, caller_keys: set, persistent: dict) -> 
         if key in caller_keys and op.func is not _FULL:
             continue
         root = name if op.func is _FULL else layouts[name][0]
-        region = regions.get(name, root)
-        later = [live[i] for i in touching[key] if i > index]
-        if region is not None and _overwritten_before_read(later, regions, key, root, region, key not in caller_keys):
+        region, size = regions.get(name, root), regions.storage_size(root)
+        indices = touching[key]
+        later = (live[i] for i in islice(indices, bisect.bisect_right(indices, index), None))
+        if region is not None and size is not None and _overwritten_before_read(
+                later, regions, key, root, region, size, key not in caller_keys):
             found.add(index)
     return found
 
@@ -53,33 +61,36 @@ def _filled(op):
 
 
 class _Regions:
-    """Regions of names in their roots' storages, each made once."""
+    """Regions of names in their roots' storages, each made once: (start, bool mask of the elements
+    from start on that the name addresses), so that work on a region costs its span, not its storage."""
 
     def __init__(self, layouts: dict) -> None:
         self.layouts, self.made = layouts, {}
 
-    def get(self, name: str, root: str, size: int | None = None):
-        """The region (a bool mask), padded to `size` elements if given, or None when unknown."""
-        key = (name, root, size)
+    def get(self, name: str, root: str):
+        """The region, or None when unknown."""
+        key = (name, root)
         if key not in self.made:
-            region = _region(self.layouts, name, root)
-            if size is not None and region is not None:
-                region = None if region.numel() > size else torch.cat([region, region.new_zeros(size - region.numel())])
-            self.made[key] = region
+            self.made[key] = _region(self.layouts, name, root)
         return self.made[key]
+
+    def storage_size(self, root: str) -> int | None:
+        base = self.layouts.get(root)
+        size = None if base is None else _extent(base[1], base[2], base[3])
+        return None if size is None or size > MAX_ELEMENTS else size
 
 
 def _region(layouts: dict, name: str, root: str):
-    """The elements of root's storage that `name` addresses, as a bool mask, or None when unknown."""
     layout, base = layouts.get(name), layouts.get(root)
     if layout is None or base is None or layout[0] != root or layout[4] != base[4]:
         return None
-    size = _extent(base[1], base[2], base[3])
-    if size is None or size > MAX_ELEMENTS:
+    sizes, strides, offset = layout[1], layout[2], layout[3]
+    span = _extent(sizes, strides, 0)
+    if span is None or span > MAX_ELEMENTS or any(st < 0 for st in strides):
         return None
-    mask = torch.zeros(size, dtype=torch.bool)
-    mask.as_strided(layout[1], layout[2], layout[3]).fill_(True)
-    return mask
+    mask = torch.zeros(span, dtype=torch.bool)
+    mask.as_strided(sizes, strides, 0).fill_(True)
+    return offset, mask
 
 
 def _extent(sizes, strides, offset):
@@ -88,13 +99,19 @@ def _extent(sizes, strides, offset):
     return offset + 1 + sum((n - 1) * st for n, st in zip(sizes, strides))
 
 
-def _overwritten_before_read(later: list, regions: _Regions, key: int, root: str, pending: torch.Tensor,
+def _overwritten_before_read(later, regions: _Regions, key: int, root: str, filled: tuple, size: int,
                              private: bool) -> bool:
-    """Whether the operations `later` overwrite every element of `pending` (of root's storage, `key`)
-    before reading one (a `private` storage's elements may also stay unread to the end); a read
-    through a layout not known here counts as reading them all."""
-    pending = pending.clone()
-    size = pending.numel()
+    """Whether the operations `later` overwrite every element of the `filled` region (of root's
+    storage, `key`, `size` elements) before reading one (a `private` storage's elements may also stay
+    unread to the end); a read through a layout not known here, or reaching past the storage,
+    counts as reading them all."""
+    start, mask = filled
+    if start + mask.numel() > size:
+        return False
+    pending = torch.zeros(size, dtype=torch.bool)
+    pending[start:start + mask.numel()] = mask
+    remaining = int(mask.count_nonzero())  # count_nonzero: several times faster than sum / any on bools
+    budget = MAX_FOLLOW_ELEMENTS
     for op in later:
         if key in op.out_keys and key not in op.in_keys:  # freed and made anew: the fill's values are gone
             return True
@@ -102,16 +119,33 @@ def _overwritten_before_read(later: list, regions: _Regions, key: int, root: str
         for position, (name, read_key) in enumerate(zip(op.reads, op.in_keys)):
             if read_key != key or (overwrite and position == 0):
                 continue
-            region = regions.get(name, root, size)
-            if region is None or bool((region & pending).any()):
+            window = _window(pending, regions.get(name, root))
+            if window is None or int((window[0] & window[1]).count_nonzero()):
                 return False
+            budget -= window[1].numel()
         if key in op.writes:
             if not overwrite:
                 return False  # written by an operation that may read what it writes (out=, in place)
-            region = regions.get(op.reads[0], root, size)
-            if region is None:
+            window = _window(pending, regions.get(op.reads[0], root))
+            if window is None:
                 return False
-            pending &= ~region
-            if not bool(pending.any()):
+            hit = window[0] & window[1]
+            remaining -= int(hit.count_nonzero())
+            window[0][hit] = False
+            if remaining == 0:
                 return True
+            budget -= window[1].numel()
+        if budget < 0:
+            return False  # too costly to follow: the fill is kept
     return private
+
+
+def _window(pending: torch.Tensor, region):
+    """(the slice of `pending` a region spans, the region's mask), or None when the region is
+    unknown or reaches past the storage."""
+    if region is None:
+        return None
+    start, mask = region
+    if start + mask.numel() > pending.numel():
+        return None
+    return pending[start:start + mask.numel()], mask

@@ -439,6 +439,24 @@ def test_fills_nothing_reads_are_skipped_with_the_same_bits():
     assert torch.ops.aten.fill_.Scalar not in seen.funcs and torch.ops.aten.full.default not in seen.funcs
 
 
+@pytest.mark.parametrize("replay", [False, True])
+def test_a_dispatch_mode_around_a_kernel_call_sees_none_of_its_operations(replay):
+    """A kernel's torch operations are the device's work: a mode around the call (AOTAutograd's
+    custom-op aliasing check on a graph's first call, a user's FlopCounterMode) neither sees them
+    nor slows them, and the result and the replay are unchanged."""
+    sim_replay.forget()
+    kernel = sim.Kernel(_column_blocks, replay=replay)
+    x, w = torch.randn(32, 16), torch.randn(32, 64)
+    for _ in range(2):  # record, then replay
+        with _Dispatched() as seen:
+            out = kernel(x, w)
+        assert seen.funcs == set()
+        torch.testing.assert_close(out, x.t() @ w, rtol=1e-5, atol=1e-5)
+    with _Dispatched() as seen:
+        torch.mm(x.t(), w)  # the mode itself still sees the caller's operations
+    assert torch.ops.aten.mm.default in seen.funcs
+
+
 class _Dispatched(torch.utils._python_dispatch.TorchDispatchMode):
     def __init__(self):
         super().__init__()
