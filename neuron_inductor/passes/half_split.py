@@ -12,9 +12,8 @@ where a region value is read outside the region it is `cat([lo, hi], -1)`, one c
 same elementwise ops on the same elements: equal bit for bit, padded or not.
 
 Default-deny: only `aten.cat.default` of exactly two same-shape halves along the last dim seeds a
-region; region nodes are pointwise ops this backend's kernels compute (`pointwise.is_pointwise`) of
-the seed's shape (so that the halves are one group) whose tensor operands are last-dim D or broadcast
-along it (size 1 there); half slices are
+region; region nodes are pointwise ops this backend's kernels compute (`pointwise.is_pointwise`) whose
+tensor operands are last-dim D or broadcast along it (size 1 there); half slices are
 `slice(v, -1, 0, h)`, `slice(v, -1, h, >= D)` and `split_with_sizes(v, [h, h], -1)` items.
 """
 
@@ -88,23 +87,22 @@ def _half_of(node: fx.Node, size: int) -> tuple[fx.Node, int] | None:
 
 
 class _Region:
-    """One connected region around seed cats of `shape` (halves of size h = shape[-1] / 2)."""
+    """One connected region around seed cats of halves of size `h`."""
 
-    def __init__(self, shape: torch.Size) -> None:
-        self.shape, self.h = shape, shape[-1] // 2
-        self.nodes: set[fx.Node] = set()  # values of `shape` computed per half
+    def __init__(self, h: int) -> None:
+        self.h = h
+        self.nodes: set[fx.Node] = set()  # last-dim 2h values computed per half
 
     def eligible(self, node: fx.Node) -> bool:
-        """A pointwise node of the region's shape (its halves then make one pointwise group) whose
-        tensor operands are 2h or 1 wide in the last dim."""
-        if (node.op != "call_function" or _val(node) is None or _val(node).shape != self.shape
-                or not pointwise.is_pointwise(node)):
+        """A pointwise node of last dim 2h whose tensor operands are 2h or 1 wide there."""
+        if node.op != "call_function" or _last(node) != 2 * self.h or not pointwise.is_pointwise(node):
             return False
         return all(_val(arg) is not None and (_val(arg).dim() == 0 or _last(arg) in (1, 2 * self.h))
                    for arg in node.all_input_nodes)
 
     def _seed(self, node: fx.Node) -> bool:
-        return _seed_halves(node) is not None and _val(node).shape == self.shape
+        halves = _seed_halves(node)
+        return halves is not None and _last(halves[0]) == self.h
 
     def _producer_joins(self, node: fx.Node) -> bool:
         """A producer joins only if nothing else needs it whole (its users are region nodes or half
@@ -171,7 +169,6 @@ def _rewrite(gm: fx.GraphModule, region: _Region) -> None:
                 args, kwargs = fx.node.map_arg((node.args, node.kwargs), lambda n, s=side: half(n, s))
                 pair.append(_call(graph, node.target, args, kwargs))
             halves[node] = tuple(pair)
-    kept_seeds = []
     for node in sorted(region.nodes, key=order.__getitem__):
         outside = []
         for user in list(node.users):
@@ -180,21 +177,14 @@ def _rewrite(gm: fx.GraphModule, region: _Region) -> None:
             sliced = _half_of(user, h)
             if sliced is not None and sliced[0] is node:
                 user.replace_all_uses_with(halves[node][sliced[1]])
-            else:
+            elif _seed_halves(node) is None:  # a seed cat read outside stays as it is
                 outside.append(user)
-        if not outside:
-            continue
-        first_reader = min(outside, key=order.__getitem__)
-        if _seed_halves(node) is not None:  # a seed cat read outside stays, moved after the region
-            kept_seeds.append((node, first_reader))
-            continue
-        with graph.inserting_before(first_reader):  # the halves joined once, before the first reader
-            joined = _call(graph, aten.cat.default, (list(halves[node]), _val(node).dim() - 1))
-        for user in outside:
-            user.replace_input_with(node, joined)
+        if outside:  # read whole outside the region: the halves joined once, before the first reader
+            with graph.inserting_before(min(outside, key=order.__getitem__)):
+                joined = _call(graph, aten.cat.default, (list(halves[node]), _val(node).dim() - 1))
+            for user in outside:
+                user.replace_input_with(node, joined)
     graph.eliminate_dead_code()
-    for seed, first_reader in kept_seeds:  # its region readers read its pieces now
-        first_reader.prepend(seed)
 
 
 def split_concatenated_halves(gm: fx.GraphModule) -> int:
@@ -205,7 +195,7 @@ def split_concatenated_halves(gm: fx.GraphModule) -> int:
         seed = _seed_halves(node)
         if seed is None or node in done:
             continue
-        region = _Region(_val(node).shape)
+        region = _Region(_last(seed[0]))
         region.grow(node)
         done |= region.nodes
         if len(region.nodes) == 1 and all(_seed_halves(user) is None and not region.eligible(user)
