@@ -173,9 +173,17 @@ def checks_at_first_use(toolchain: Toolchain, target: str, lowered: LoweredGraph
     """Whether the graph's rule check can be its kernels' first run (`FirstUseCheck`) instead of a
     run on zeros at compile time: the interpreter that runs the kernels checks them (the simulator for
     the planned target), no kernel is a user's nki_op (it runs the user's Python beyond its source),
-    and a violation can be answered by re-lowering and running the graph again (`rerunnable`)."""
+    and a violation can be answered by re-lowering and running the graph again (`rerunnable`). Ranks
+    of a distributed job check at compile time: a graph checked at first use is stored only after
+    that run, so the other ranks, waiting on its cache key, would each miss and compile it again."""
     return (toolchain.name == "simulator" and toolchain.target.name == target and rerunnable(lowered)
-            and not any(spec.family == user_kernels.FAMILY for spec in lowered.kernels))
+            and not any(spec.family == user_kernels.FAMILY for spec in lowered.kernels)
+            and not _one_of_several_ranks())
+
+
+def _one_of_several_ranks() -> bool:
+    dist = torch.distributed
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
 
 def fallback_for(violation: KernelRuleViolation, lowered: LoweredGraph) -> dict[fx.Node, str]:
