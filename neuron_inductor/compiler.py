@@ -29,7 +29,7 @@ from .lowering.ir import HostStep, KernelSpec
 from .nki_ops import lowering as user_kernels
 from .observe import progress
 from .observe.accounting import node_flops
-from .passes import half_split, rms_norm_fusion
+from .passes import rms_norm_fusion
 from .toolchain import Toolchain
 from .toolchain.simulator import KernelCheck, KernelRuleViolation, SimulatorToolchain
 
@@ -100,7 +100,6 @@ def compile_static_graph(gm: fx.GraphModule, fallback_mode: str, target: str,
     timings: dict[str, float] = {}
     start = time.perf_counter()
     rms_norm_fusion.fuse_rms_norms(gm)  # decomposed RMSNorms -> one kernel each
-    half_split.split_concatenated_halves(gm)  # RoPE's rotate_half: pointwise per last-dim half, one group
     lowered = lower_graph(gm, ctx, fallback_mode, force_fallback or {})
     timings["lower"] = time.perf_counter() - start
 
