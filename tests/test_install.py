@@ -1,6 +1,7 @@
 """`pip install .` into a fresh virtual environment, then torch.compile(backend="neuron") from a
 script that never imports neuron_inductor (the entry point finds it)."""
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -43,7 +44,8 @@ def test_fresh_venv_install_and_entry_point(tmp_path):
     subprocess.run([*pip, str(REPO)], check=True, cwd=tmp_path)
     script = tmp_path / "script.py"
     script.write_text(SCRIPT)
-    result = subprocess.run([str(python), str(script)], cwd=tmp_path, capture_output=True, text=True)
+    clean = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # the installed copy, not a source tree on the path
+    result = subprocess.run([str(python), str(script)], cwd=tmp_path, capture_output=True, text=True, env=clean)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "fresh-venv OK" in result.stdout
     assert str(venv) in result.stdout  # the installed copy ran, not the source tree
