@@ -43,7 +43,9 @@ def _split_last(sizes, strides, extents, k: int):
     last = sizes[-1]
     inner = last // k
     new_strides = [st[:-1] + [st[-1] * inner, st[-1]] for st in strides]
-    new_extents = [ext[:-1] + ([k, inner] if st[-1] != 0 else [1, 1]) for ext, st in zip(extents, strides)]
+    # an operand that has the last dim (even as an expanded, stride-0 view) splits it; one broadcast
+    # along it (extent 1) gets two size-1 dims
+    new_extents = [ext[:-1] + ([k, inner] if ext[-1] == last else [1, 1]) for ext in extents]
     return sizes[:-1] + [k, inner], new_strides, new_extents
 
 
