@@ -120,11 +120,16 @@ def test_all_rows_ignored_mean_is_nan_with_zero_gradients():
     assert all(torch.equal(g, torch.zeros_like(g)) for g in grads)
 
 
+def force_plan(monkeypatch, **overrides):
+    """Makes the lowering's plan() return `overrides` over what it would choose (e.g. smaller blocks)."""
+    plan = fused.plan
+    monkeypatch.setattr(fused, "plan", lambda *args, **kwargs: {**plan(*args, **kwargs), **overrides})
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_grad_w_over_several_row_blocks(dtype, monkeypatch):
     """The grad_W pass in blocks of 128 rows: the blocks add up in HBM (an fp32 accumulator for bf16)."""
-    plan = fused.plan
-    monkeypatch.setattr(fused, "plan", lambda *args, **kwargs: {**plan(*args, **kwargs), "grad_w_block": 128})
+    force_plan(monkeypatch, grad_w_block=128)
     assert check(300, 136, 1000, dtype, "mean").params["grad_w_block"] == 128
 
 
@@ -174,8 +179,7 @@ def test_gradients_in_the_forward_vocab_128256(dtype):
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_gradients_in_the_forward_over_several_row_blocks(dtype, monkeypatch):
     """Blocks of 128 rows: each block's grad_W adds into the fp32 output by DMA (dma_compute)."""
-    plan = fused.plan
-    monkeypatch.setattr(fused, "plan", lambda *args, **kwargs: {**plan(*args, **kwargs), "grads_block": 128})
+    force_plan(monkeypatch, grads_block=128)
     assert check_with_grads(300, 136, 1000, dtype, "mean").params["grads_block"] == 128
 
 
