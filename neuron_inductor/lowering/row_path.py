@@ -428,7 +428,7 @@ def _row_indirect(op: RowOp, target) -> float:
                 mix = [_vector("tensor_scalar", t, 1), _dma(t, cols, op.itemsize)]
                 if op.accumulate:
                     rmw = _dma(t, cols, 4, "dma_compute")
-                    rmw.bytes = t * cols * op.itemsize * 3
+                    rmw.bytes, rmw.dma_run_bytes = t * cols * op.itemsize * 3, cols * op.itemsize
                     mix += [_matmul(t, t, cols, _DTYPES.get(op.itemsize, "float32")), _vector("tensor_copy", t, cols), rmw]
                 else:
                     mix += [_dma(t, cols, op.itemsize)]
