@@ -174,7 +174,7 @@ def _indirect_plan(ctx: LoweringContext, op: row_path.RowOp, params: dict, index
     split = plan_split(ctx, {"row_blocks": replace(op, programs=ctx.lnc).fill.blocks}) if op.outer == 1 else None
     op = replace(op, programs=ctx.lnc if split else 1)
     merge = row_path.scatter_merge(op, ctx.target) if index_tensors == 1 and op.outer == 1 else "tile"
-    return {"split": split, "merge": merge, "fill": asdict(op.fill), "tokens": op.tokens}
+    return {"split": split, "merge": merge, "fill": asdict(op.fill), "tokens": op.tokens, "merge_group": op.merge_group}
 
 
 def _merge_flops(params: dict, partitions: int) -> int:

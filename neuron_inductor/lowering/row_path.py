@@ -140,10 +140,18 @@ class RowOp:
         return fill_plan(self.outer * self.rows, self.inner, self.partitions, self.itemsize, self.programs)
 
     @property
+    def merge_group(self) -> int:
+        """Columns of the "all" merge's values on chip at a time: every token's, within
+        MERGE_ALL_BYTES per partition, whole PSUM banks, at most one program's share."""
+        bank = self.psum_fmax
+        fitting = MERGE_ALL_BYTES // (math.ceil(self.tokens / self.partitions) * self.itemsize) // bank * bank
+        return max(bank, min(fitting, math.ceil(self.inner / self.programs)))
+
+    @property
     def merge_all_fits(self) -> bool:
         """Whether the "all" merge's on-chip tiles fit (one index tensor, outer == 1: lowering checks)."""
-        per_partition = math.ceil(self.tokens / self.partitions) * self.inner * self.itemsize
-        return (self.accumulate and self.tokens <= MERGE_ALL_TOKENS and per_partition <= MERGE_ALL_BYTES
+        group_bytes = math.ceil(self.tokens / self.partitions) * self.psum_fmax * self.itemsize
+        return (self.accumulate and self.tokens <= MERGE_ALL_TOKENS and group_bytes <= MERGE_ALL_BYTES
                 and self.inner >= self.programs)  # (each program merges its share of the columns)
 
     @property
@@ -374,9 +382,9 @@ def _fill_ops(op: RowOp) -> list:
 
 
 def _merge_all_ops(op: RowOp) -> list:
-    """The "all" merge: every token's ids and values on chip, per token tile a mask against every
-    token (its earlier repeats write nothing) and a merge matmul with each tile from a on; under a
-    split, on this program's share of the columns."""
+    """The "all" merge: every token's ids on chip, per token tile a mask against every token (its
+    earlier repeats write nothing); per column group, every token's values and per tile a the
+    masks and merge matmuls with each tile from a on; under a split, this program's columns."""
     p, n, width = op.partitions, op.tokens, math.ceil(op.inner / op.programs)
     vdtype = _DTYPES.get(op.itemsize, "float32")
     tiles = _chunks(n, p)
@@ -384,25 +392,28 @@ def _merge_all_ops(op: RowOp) -> list:
     groups = [(1, [_dma(1, n, 4), _vector("tensor_copy", 1, n), _vector("tensor_scalar", 1, n)])]
     for cols, m in _chunks(n, op.psum_fmax):
         groups.append((m, [_matmul(1, p, cols), _vector("tensor_copy", p, cols)]))
-    for t, m in tiles:
-        groups.append((m, [_matmul(1, t, 1), _vector("tensor_copy", t, 1), _dma(t, width, op.itemsize)]))
     for a in range(count):
         t = min(p, n - a * p)
         upto = a * p + t
-        later = count - a
-        mix = [_vector("tensor_scalar", t, 1)] * 6 + [_vector("tensor_scalar", t, upto),
-                                                      _op("gpsimd", "affine_select", t, upto),
-                                                      _vector("tensor_reduce", t, upto)]
-        mix += [_vector("tensor_scalar", p, t, vdtype)] * later
-        for cols, c in _chunks(width, op.psum_fmax):
-            mix += ([_matmul(p, t, cols, vdtype)] * later + [_vector("tensor_copy", t, cols)]) * c
-        if op.base:  # the sum added to the base row: read, add, write
-            rmw = _dma(t, width, 4, "dma_compute")
-            rmw.bytes, rmw.dma_run_bytes = t * width * op.itemsize * 3, width * op.itemsize
-            mix.append(rmw)
-        else:
-            mix.append(_dma(t, width, op.itemsize))
-        groups.append((1, mix))
+        groups.append((1, [_matmul(1, t, 1), _vector("tensor_copy", t, 1)] + [_vector("tensor_scalar", t, 1)] * 6
+                       + [_vector("tensor_scalar", t, upto), _op("gpsimd", "affine_select", t, upto),
+                          _vector("tensor_reduce", t, upto)]))
+    for gw, repeats in _chunks(width, op.merge_group):
+        for t, m in tiles:
+            groups.append((m * repeats, [_dma(t, gw, op.itemsize)]))
+        for a in range(count):
+            t = min(p, n - a * p)
+            later = count - a
+            mix = [_vector("tensor_scalar", p, t, vdtype)] * later
+            for cols, c in _chunks(gw, op.psum_fmax):
+                mix += ([_matmul(p, t, cols, vdtype)] * later + [_vector("tensor_copy", t, cols)]) * c
+            if op.base:  # the sum added to the base row: read, add, write
+                rmw = _dma(t, gw, 4, "dma_compute")
+                rmw.bytes, rmw.dma_run_bytes = t * gw * op.itemsize * 3, gw * op.itemsize
+                mix.append(rmw)
+            else:
+                mix.append(_dma(t, gw, op.itemsize))
+            groups.append((repeats, mix))
     return groups
 
 

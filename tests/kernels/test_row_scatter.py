@@ -138,3 +138,12 @@ def test_fill_blocks_cover_every_row_once_in_long_runs(rows, inner, programs):
     assert plan.chunk * 2 <= row_path.FILL_BYTES
     if programs > 1 and rows >= 8 * programs * plan.block_rows:
         assert plan.blocks % programs == 0
+
+
+@pytest.mark.parametrize("lnc", [1, 2])
+def test_the_all_merge_walks_column_groups(lnc):
+    """2048 fp32 tokens of width 1100: every token's values fit on chip 1024 columns at a time (a
+    full group and a ragged one at LNC 1; at LNC 2 each program's 550 columns are one group)."""
+    out, reference, _, spec, _ = embedding_backward(1000, (2048,), 1100, torch.float32, "all", lnc)
+    assert spec.params["merge"] == "all" and spec.params["merge_group"] == (1024 if lnc == 1 else 550)
+    assert_close(out, reference)
