@@ -14,11 +14,19 @@ cheaper, and logs both estimates:
 
 - `gather_indirect` (any table size): a gather is an indirect DMA, `dma_copy` from
   `table.ap(vector_offset=row numbers)`, which copies bits (exact for every dtype, inf / NaN
-  included). A scatter first writes zeros (or base) to the whole output, then per token tile
-  merges duplicate rows on chip (a [tokens, tokens] same-row mask) so that each indirect write
-  names a row once, as dma_compute requires: a scatter-add adds the merged sums (mask @ values in
-  fp32 PSUM) with `dma_compute`, a replacing scatter writes the last value of each row with
-  `dma_copy` (the last write wins, as in eager's sequential index_put on the CPU).
+  included). A scatter first writes zeros (or base) to the whole output in blocks of whole rows
+  with long contiguous runs (row_path.FillPlan), then merges duplicate rows on chip so that each
+  indirect write names a row once, as dma_compute requires. Per token tile (merge "tile", a
+  [tokens, tokens] same-row mask): a scatter-add adds the merged sums (mask @ values in fp32 PSUM)
+  with `dma_compute`, a replacing scatter writes the last value of each row with `dma_copy` (the
+  last write wins, as in eager's sequential index_put on the CPU). Over every token (merge "all",
+  a scatter-add with one index tensor and outer == 1, where row_path.scatter_merge finds it
+  cheaper): the first token of each row writes the sum of all of its tokens by `dma_copy` (onto a
+  base: adds it by `dma_compute`), so each row is written once and nothing is read back.
+  Under LNC > 1 (lowering/lnc.py) a gather deals its token tiles out over the programs; a scatter
+  with outer == 1 gives each program a contiguous range of output rows to fill and (merge "tile")
+  to write, tokens of other rows masked out, or (merge "all") the columns [col_lo, col_hi) of every
+  row, written after a core_barrier that lets both fills land.
 - `gather_rows` (tiny tables): the TensorE formulation, O(rows) per token tile:
     gather:       out[T, I]  = onehot(ids)[T, V] @ W[V, I]    (one-hot built transposed, [V, T])
     scatter-add:  dW[V, I]  += onehot(ids)^T[V, T] @ dY[T, I]  (duplicates accumulate in PSUM)
