@@ -15,7 +15,9 @@ sizes, dtypes and DMA bytes, as the interpreter would record them) and prices th
 dominant instructions, not every one: `tests/kernels/test_gather_indirect.py` checks it against the
 traced estimate of the rendered kernels.
 
-`forced(path)` overrides the choice inside a block (tests and bench/embedding.py run both paths).
+`forced(path)` overrides the choice inside a block (tests and bench/embedding.py run both paths);
+`forced_merge(merge)` that of a row scatter-add's duplicate merge (`scatter_merge`: "tile" or "all",
+gather_indirect.py.j2), and `fill_plan` lays out a row scatter's fill of its output.
 """
 
 from __future__ import annotations
@@ -423,6 +425,7 @@ def _row_indirect(op: RowOp, target) -> float:
         return _price(_fill_ops(op) + _merge_all_ops(op), target)
     groups = []
     cchunks = _chunks(op.inner, op.indirect_chunk)
+    vdtype = _DTYPES.get(op.itemsize, "float32")
     for t, tiles in _chunks(op.tokens, op.partitions):
         if op.mode == "row_gather":
             tiles = math.ceil(tiles / op.programs)  # the token tiles are dealt out
@@ -440,7 +443,7 @@ def _row_indirect(op: RowOp, target) -> float:
                 if op.accumulate:
                     rmw = _dma(t, cols, 4, "dma_compute")
                     rmw.bytes, rmw.dma_run_bytes = t * cols * op.itemsize * 3, cols * op.itemsize
-                    mix += [_matmul(t, t, cols, _DTYPES.get(op.itemsize, "float32")), _vector("tensor_copy", t, cols), rmw]
+                    mix += [_matmul(t, t, cols, vdtype), _vector("tensor_copy", t, cols), rmw]
                 else:
                     mix += [_dma(t, cols, op.itemsize)]
             groups.append((tiles * n * op.outer, mix))
@@ -456,7 +459,7 @@ def scatter_merge(op: RowOp, target=None) -> str:
         return "tile"
     if _forced_merge:
         return _forced_merge[-1]
-    seconds = {merge: _row_indirect(replace(op, merge=merge), target) for merge in ("tile", "all")}
+    seconds = {merge: _row_indirect(replace(op, merge=merge), target) for merge in MERGES}
     return min(seconds, key=seconds.get)
 
 
