@@ -159,3 +159,18 @@ def test_the_all_merge_walks_column_groups(lnc):
     out, reference, _, spec, _ = embedding_backward(1000, (2048,), 1100, torch.float32, "all", lnc)
     assert spec.params["merge"] == "all" and spec.params["merge_group"] == (1024 if lnc == 1 else 550)
     assert_close(out, reference)
+
+
+@pytest.mark.parametrize("merge", row_path.MERGES)
+def test_a_split_kernel_is_whole_at_one_program(merge):
+    """Rendered for LNC 2 but launched with one program (as on an LNC=1 host): the one program owns
+    every row and column, and skips the barrier."""
+    vocab, ids_shape, width = 1000, (3, 70), 600
+    ids = ids_with_padding_and_duplicates(vocab, ids_shape, PADDING_IDX, torch.Generator().manual_seed(4))
+    grad = torch.randn(*ids_shape, width)
+    fn = lambda g, i: aten.embedding_dense_backward(g, i, vocab, PADDING_IDX, False)  # noqa: E731
+    with row_path.forced("indirect"), row_path.forced_merge(merge):
+        _, spec, kernel = kernel_for(aten_graph(fn, grad, ids), aten.embedding_dense_backward.default, ctx=CONTEXTS[2])
+    assert spec.grid == 2
+    (out,) = call_kernel(sim.Kernel(kernel.func, (1,), "trn2"), spec, [grad, ids])
+    assert_close(out, aten.embedding_dense_backward(grad, ids, vocab, PADDING_IDX, False))
