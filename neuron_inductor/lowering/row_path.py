@@ -74,9 +74,10 @@ def forced_merge(merge: str):
     return _forcing(_forced_merge, merge, MERGES, "row scatter merge")
 
 
-# bytes per partition of one fill DMA: a 16 KiB run reaches 98.5% of the DMA bandwidth by the cost
-# model's size rule (b / (b + 256 B)), against 94% for a 4 KiB table row
-FILL_BYTES = 16 * 1024
+# bytes per partition of one fill DMA: a 32 KiB run reaches 99.2% of the DMA bandwidth by the cost
+# model's size rule (b / (b + 256 B)), against 94% for a 4 KiB table row (the zeros tile is dead
+# after the fill: its SBUF is free again when the merge's tiles need it, sim/liveness.py)
+FILL_BYTES = 32 * 1024
 # the "all" merge keeps every token's values on chip: at most this many bytes per partition, and
 # at most this many tokens (its [tokens, tokens] id compares)
 MERGE_ALL_BYTES = 64 * 1024
@@ -116,7 +117,8 @@ def fill_plan(rows: int, inner: int, partitions: int, itemsize: int, programs: i
         block_rows = min(block_rows, max(unit, math.ceil(rows / blocks / unit) * unit))
     width = block_rows * inner // partitions
     full, last_rows = divmod(rows, block_rows)
-    return FillPlan(block_rows, width, min(width, limit), full, last_rows)
+    widest = width if full else max(1, last_rows * inner // partitions, last_rows * inner % partitions)
+    return FillPlan(block_rows, width, min(widest, limit), full, last_rows)  # (the zeros tile: the widest DMA)
 
 
 @dataclass(frozen=True)
