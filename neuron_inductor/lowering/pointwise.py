@@ -32,6 +32,7 @@ from . import copy
 from .common import bind_arguments, val
 from .context import LoweringContext
 from .ir import KernelSpec, Unsupported
+from .lnc import split_nest
 from .registry import LOWERINGS, register_lowering
 
 aten = torch.ops.aten
@@ -108,8 +109,30 @@ def lower_pointwise_group(ctx: LoweringContext, nodes: list[fx.Node], outputs: l
     program = build_program(nodes, outputs, shape, aliases)
     numel = math.prod(program.shape)
     params = plan_kernel(program, ctx.tile)
+    split = _deal_regions(ctx, params["regions"])
     flops = numel * sum(1 for i in program.instrs if i.kind != "cast")
-    return KernelSpec("pointwise", params, [inp.value for inp in program.inputs], list(outputs), flops=flops)
+    return KernelSpec("pointwise", params, [inp.value for inp in program.inputs], list(outputs), flops=flops,
+                      grid=ctx.lnc if split else 1)
+
+
+def _deal_regions(ctx: LoweringContext, regions: list[dict]) -> bool:
+    """Deal each region's loop nest out over ctx.lnc programs (lowering/lnc.py `split_nest`): sets
+    region["split"] (the level dealt out, None: not split) and, for a region with nothing to share in a
+    kernel that splits (a flat region's one-partition tail), region["on_last_program"]. Each variant
+    of the split level gets "deal", the index of its first iteration in the level. True when the
+    kernel splits."""
+    for region in regions:
+        depth = split_nest(ctx, [[v["count"] for v in level["variants"]] for level in region["levels"]])
+        region["split"] = depth
+        if depth is not None:
+            first = 0
+            for variant in region["levels"][depth]["variants"]:
+                variant["deal"] = first
+                first += variant["count"] or 1
+    split = any(region["split"] is not None for region in regions)
+    for region in regions:
+        region["on_last_program"] = split and region["split"] is None
+    return split
 
 
 @register_pointwise(aten.add.Tensor, aten.add.Scalar)
