@@ -200,6 +200,14 @@ def _silu(b, a):
     return b.act("silu", b.ref(a["self"]))
 
 
+@register_pointwise(aten.silu_backward.default)
+def _silu_backward(b, a):
+    # grad * silu'(x) with silu' = s * (1 + x * (1 - s)) as one ScalarE activation (silu_dx): decomposed,
+    # it is three fp32 tensor_tensor ops on VectorE (6 N cycles, the SwiGLU backward's bound)
+    derivative = b.act("silu_dx", b.ref(a["self"]), dtype="float32")
+    return b.alu("multiply", b.ref(a["grad_output"]), derivative)
+
+
 @register_pointwise(aten.gelu.default)
 def _gelu(b, a):
     return b.act("gelu" if a["approximate"] == "none" else "gelu_apprx_tanh", b.ref(a["self"]))
