@@ -108,7 +108,7 @@ def lower_pointwise_group(ctx: LoweringContext, nodes: list[fx.Node], outputs: l
         return copy.lower_lone_copy(ctx, lone)
     program = build_program(nodes, outputs, shape, aliases)
     numel = math.prod(program.shape)
-    params = plan_kernel(program, ctx.tile)
+    params = plan_kernel(program, ctx.tile, ctx.lnc)
     split = _deal_regions(ctx, params["regions"])
     flops = numel * sum(1 for i in program.instrs if i.kind != "cast")
     return KernelSpec("pointwise", params, [inp.value for inp in program.inputs], list(outputs), flops=flops,
