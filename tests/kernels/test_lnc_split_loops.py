@@ -219,3 +219,37 @@ def test_split_nest_picks_the_most_even_level():
     assert split_nest(LNC2, [[3, None], [2]]) == 0        # 4 iterations: 2 / 2
     assert split_nest(LNC2, [[3], [2]]) == 1              # 3 iterations share as 2 / 1, 2 as 1 / 1
     assert split_nest(LNC2, [[None], [None]]) is None     # a single tile
+
+
+@pytest.mark.slow
+def test_compiled_split_kernels_replay_and_match_lnc1(fresh_compile_state):
+    """Through torch.compile at lnc 1 and 2: pointwise, copy and reduction kernels launch with a grid of 2,
+    and every call (the first runs the kernels, later ones replay them, sim/replay.py) gives the LNC=1
+    results exactly and eager's within fp32 rounding."""
+    from neuron_inductor.observe import session
+
+    def fn(x, y):
+        rotated = torch.cat((-x[..., 64:], x[..., :64]), -1)  # RoPE's rotate-half: pointwise, then a cat
+        z = x * y + rotated
+        return z.sum(-1), z.transpose(0, 1).contiguous(), torch.sigmoid(z).amax(0)
+
+    results, grids = {}, {}
+    for lnc in ("1", "2"):
+        torch._dynamo.reset()
+        first = len(session.BUCKETS)
+        compiled = torch.compile(fn, backend="neuron", options={"lnc": lnc, "fallback": "error"})
+        results[lnc] = []
+        for seed in range(3):
+            args = [randn(300, 4, 128, seed=seed), randn(300, 4, 128, seed=seed + 10)]
+            out = compiled(*args)
+            for got, want in zip(out, fn(*args)):
+                torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-4)
+            results[lnc].append(out)
+        grids[lnc] = {}
+        for kernel in (k for b in session.BUCKETS[first:] for k in b.artifact.meta["kernels"]):
+            grids[lnc].setdefault(kernel["family"], set()).add(kernel["grid"])
+    assert set().union(*grids["1"].values()) == {1}
+    assert all(2 in grids["2"][family] for family in ("pointwise", "copy", "reduction")), grids["2"]
+    for one, two in zip(results["1"], results["2"]):
+        for a, b in zip(one, two):
+            assert torch.equal(a, b)
