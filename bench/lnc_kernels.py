@@ -66,13 +66,27 @@ def capture(config) -> list[tuple[str, fx.GraphModule, list]]:
     return graphs
 
 
+def _as_kernels_write(value):
+    """A value as a kernel (or host fallback) leaves it: contiguous (eager CPU ops may return other
+    strides, e.g. SDPA's gradients); views of it then take their strides from that layout, as the
+    host wrapper's do."""
+    if isinstance(value, torch.Tensor):
+        return value.contiguous()
+    if isinstance(value, (tuple, list)):
+        return type(value)(_as_kernels_write(v) for v in value)
+    return value
+
+
 def values_of(gm: fx.GraphModule, args: list) -> dict:
     env = {}
 
     class Recorder(fx.Interpreter):
         def run_node(self, node):
-            env[node] = super().run_node(node)
-            return env[node]
+            value = super().run_node(node)
+            if node.op == "call_function" and not getattr(node.target, "is_view", False):
+                value = _as_kernels_write(value)
+            env[node] = value
+            return value
 
     with torch.no_grad():
         Recorder(gm).run(*args)
