@@ -5,9 +5,10 @@ A generated replay calls each ATen operation through its Python binding (`torch.
 overload from its arguments' Python types (and whether a tensor is 0-d), so it may dispatch
 another overload than the recorded one, or more than one operation; such a line must call the
 operation object instead. Which operations a binding dispatches depends on its arguments' kinds and
-layouts, not on their values, so each line is probed once on meta tensors of its arguments' shapes,
-strides and dtypes (no math, no copies of the data), and the verdict is kept for every later line
-with the same operation, binding and argument kinds, in any plan of the process.
+layouts (and on grad and inference mode), not on their values, so each line is probed once on meta
+tensors of its arguments' shapes, strides and dtypes (no math, no copies of the data), and the
+verdict is kept for every later line with the same operation, binding and argument kinds, in any
+plan of the process.
 """
 
 from __future__ import annotations
@@ -32,7 +33,8 @@ class TensorSpec(NamedTuple):
 def dispatches_exactly(func, binding, args: tuple, kwargs: dict) -> bool:
     """Whether `binding(*args, **kwargs)` dispatches `func` and nothing else. Tensors are given as
     TensorSpec, other arguments as the recorded values (0-d tensors included: they stay real)."""
-    key = (func, binding, _kinds(args), _kinds(kwargs))
+    # (grad and inference mode change which operations reach a dispatch mode)
+    key = (func, binding, _kinds(args), _kinds(kwargs), torch.is_grad_enabled(), torch.is_inference_mode_enabled())
     verdict = _VERDICTS.get(key)
     if verdict is None:
         if len(_VERDICTS) >= MAX_VERDICTS:
