@@ -423,7 +423,19 @@ def _checked_index(key: tuple, shape, on_chip: bool) -> tuple:
             if not 0 <= i < size:
                 raise NkiIndexError(f"index {k} out of range for dim {dim} of size {size}")
             index.append(slice(i, i + 1) if on_chip and dim == 0 else i)
+    if on_chip and ndim >= 2:
+        _keep_two_dims(index, ndim)
     return tuple(index)
+
+
+def _keep_two_dims(index: list, ndim: int) -> None:
+    """An on-chip view is always at least 2-D (NkiTensor.__getitem__ docs): when integer indices would
+    leave only the partition dim, the last one selects a size-1 slice instead (`t[:, k]` is [P, 1])."""
+    kept = ndim - len(index) + sum(type(k) is slice for k in index)
+    if kept >= 2:
+        return
+    last = max(dim for dim, k in enumerate(index) if type(k) is not slice)
+    index[last] = slice(index[last], index[last] + 1)
 
 
 def allocate(shape, dtype: dtypes.NkiDtype, buffer: Buffer, name: str, pool) -> NkiTensor:
