@@ -58,6 +58,7 @@ def keep_tiles(count, free, buffer=nl.sbuf):
         kept = []
         for _ in nl.affine_range(count):
             kept.append(nl.ndarray((128, free), nl.float32, buffer=buffer))
+            nisa.memset(kept[-1], 0.0)  # a tile takes its bytes at its first write
         return None
 
     return kernel
@@ -212,12 +213,17 @@ def test_a_name_rebound_each_iteration_frees_its_big_tile():
     assert torch.equal(kernel(torch.zeros(1)), torch.tensor([0.0, 1.0, 2.0, 2.0]).expand(128, 4))
 
 
+def _written_bank():
+    bank = nl.ndarray((128, BANK_F32), nl.float32, buffer=nl.psum)
+    nisa.memset(bank, 0.0)
+    return bank
+
+
 def test_tiles_held_by_an_expression_being_evaluated_count_as_live():
     @sim.jit
     def kernel():
-        kept = [nl.ndarray((128, BANK_F32), nl.float32, buffer=nl.psum) for _ in range(7)]
-        pair = (nl.ndarray((128, BANK_F32), nl.float32, buffer=nl.psum),
-                nl.ndarray((128, BANK_F32), nl.float32, buffer=nl.psum))  # the first waits on the stack
+        kept = [_written_bank() for _ in range(7)]
+        pair = (_written_bank(), _written_bank())  # the first waits on the stack
         nisa.memset(kept[0], 0.0)
         return pair
 
@@ -234,6 +240,7 @@ def test_tiles_referenced_from_outside_the_kernel_variables_stay_live():
         for _ in range(9):
             bank = nl.ndarray((128, BANK_F32), nl.float32, buffer=nl.psum)
             _STASH.append(bank)  # a module global: the kernel may read it anywhere
+            nisa.memset(bank, 0.0)
         return None
 
     try:
@@ -260,3 +267,50 @@ def test_a_tile_a_closure_reads_later_stays_live():
 
     with pytest.raises(sim.NkiCapacityError, match="live PSUM to 18432"):
         kernel()
+
+
+def _declared_early_written_late(dtype, read_early_after):
+    """Two tiles of 60% of SBUF each: `late` is declared first but written only after `early`'s last read
+    (or, with read_early_after, before it)."""
+    free = sim.get_target("trn2").sbuf_usable_bytes // dtype.itemsize * 3 // 5
+
+    def body(late, early, staged):
+        nisa.memset(early, 2.0)
+        nisa.tensor_copy(dst=staged, src=early[:, 0:1])
+        nisa.memset(late, 3.0)
+
+    def body_reading_early_after(late, early, staged):
+        nisa.memset(early, 2.0)
+        nisa.tensor_copy(dst=staged, src=early[:, 0:1])
+        nisa.memset(late, 3.0)
+        nisa.tensor_copy(dst=staged, src=early[:, 1:2])
+
+    steps = body_reading_early_after if read_early_after else body
+
+    @sim.jit
+    def kernel():
+        late = nl.ndarray((128, free), dtype)
+        early = nl.ndarray((128, free), dtype)
+        staged = nl.ndarray((128, 1), dtype)
+        steps(late, early, staged)
+        total = nl.ndarray((128, 1), dtype)
+        nisa.tensor_tensor(dst=total, data1=late[:, 0:1], data2=staged, op=nl.add)
+        out = nl.ndarray((128, 1), dtype, buffer=nl.shared_hbm)
+        nisa.dma_copy(dst=out, src=total)
+        return out
+
+    return kernel
+
+
+@pytest.mark.parametrize("dtype", [nl.float32, nl.bfloat16])
+def test_a_tile_takes_its_bytes_at_its_first_write_not_at_its_declaration(dtype):
+    """The allocator assigns an address at a tile's first write and frees it after its last read
+    (nki.compiler.Allocation): `late` and `early` are never live together, so they fit."""
+    out = _declared_early_written_late(dtype, read_early_after=False)()
+    assert torch.equal(out.float(), torch.full((128, 1), 5.0))
+
+
+@pytest.mark.parametrize("dtype", [nl.float32, nl.bfloat16])
+def test_a_tile_written_while_another_is_still_read_overflows_at_its_first_write(dtype):
+    with pytest.raises(sim.NkiCapacityError, match="at its first write"):
+        _declared_early_written_late(dtype, read_early_after=True)()
