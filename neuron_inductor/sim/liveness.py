@@ -24,6 +24,7 @@ towards keeping tiles, never towards freeing one that is still read.
 from __future__ import annotations
 
 import ast
+import dis
 import functools
 import inspect
 import math
@@ -70,7 +71,7 @@ def _dead_allocations(frames, pool) -> list:
     for frame in frames:
         local_vars = frame.f_locals
         factor = 2 if isinstance(local_vars, dict) else 1  # a real f_locals dict holds a reference too
-        live = _live_names(frame.f_code, frame.f_lineno)
+        live = _live_names(frame.f_code, frame.f_lineno, frame.f_lasti)
         for name, value in local_vars.items():
             bindings[id(value)] = bindings.get(id(value), 0) + factor
             code = frame.f_code  # a closure's variables may be read by a later call of the inner function
@@ -163,17 +164,65 @@ def _function_liveness(code):
     return graph.solve()
 
 
-def _live_names(code, lineno) -> set | None:
-    """Names whose value may still be read after the statement running at `lineno` (None: unknown)."""
+def _live_names(code, lineno, lasti) -> set | None:
+    """Names whose value may still be read by the statement running at `lineno` (at bytecode offset
+    `lasti`) or after it (None: unknown)."""
     analysed = _function_liveness(code)
     if analysed is None:
         return None
-    nodes, live_in = analysed
+    nodes, live_in, live_out = analysed
     spans = [(last - first, i) for i, (first, last) in enumerate(n[0] for n in nodes) if first <= lineno <= last]
     if not spans:
         return None
-    # mid-statement: its own reads may still come, and what it rebinds without reading is dead already
-    return live_in[min(spans)[1]]
+    narrowest = min(spans)[0]
+    running = [i for width, i in spans if width == narrowest]
+    if len(running) > 1:  # statements sharing a line (`a = f(); g(a)`): any of them may be the one running
+        return frozenset().union(*(live_in[i] for i in running))
+    node = running[0]
+    (first, last), _, defs, simple = nodes[node]
+    later = _loads_after(code, lasti, first, last) if simple else None
+    if later is None:
+        # its own reads may still come, and what it rebinds without reading is dead already
+        return live_in[node]
+    # a simple statement mid-call: only the reads after this call are still to come (what it read
+    # before is either consumed or waiting on the value stack, where reclaim's reference count sees it)
+    return later | (live_out[node] - defs)
+
+
+_LOADS = frozenset({"LOAD_FAST", "LOAD_DEREF", "LOAD_CLOSURE", "LOAD_NAME", "LOAD_FAST_CHECK",
+                    "LOAD_FAST_AND_CLEAR", "LOAD_FAST_LOAD_FAST", "LOAD_FROM_DICT_OR_DEREF"})
+
+
+_JUMPS = frozenset(dis.hasjrel) | frozenset(dis.hasjabs)
+
+
+@functools.lru_cache(maxsize=512)
+def _instructions(code) -> tuple:
+    """(offset, local names read, line, jump target or None) per instruction of `code`."""
+    rows = []
+    for ins in dis.get_instructions(code):
+        names = ()
+        if ins.opname in _LOADS:
+            names = ins.argval if isinstance(ins.argval, tuple) else (ins.argval,)
+        target = ins.argval if ins.opcode in _JUMPS else None
+        line = ins.positions.lineno if ins.positions is not None else None
+        rows.append((ins.offset, names, line, target))
+    return tuple(rows)
+
+
+def _loads_after(code, lasti, first, last) -> frozenset | None:
+    """Local names the statement on lines first..last still reads after offset `lasti` (None: it may
+    jump back to `lasti` or before, as an inlined comprehension's loop does, so what it read may come again)."""
+    names = set()
+    for offset, reads, line, target in _instructions(code):
+        if offset <= lasti:
+            continue
+        if line is not None and not first <= line <= last:
+            break  # past the statement
+        if target is not None and target <= lasti:
+            return None
+        names.update(reads)
+    return frozenset(names)
 
 
 class _Loop:
@@ -196,8 +245,9 @@ class _Graph:
         self.nodes, self.succ = [], []
         self.exit = self._node((0, -1), set(), set())
 
-    def _node(self, span, uses, defs) -> int:
-        self.nodes.append((span, uses, defs))
+    def _node(self, span, uses, defs, simple=False) -> int:
+        """simple: a statement without a body (its bytecode is one straight run, see _loads_after)."""
+        self.nodes.append((span, uses, defs, simple))
         self.succ.append([])
         return len(self.nodes) - 1
 
@@ -261,7 +311,7 @@ class _Graph:
         uses = _uses(s)
         if uses & _INTROSPECTION:
             raise _Unknown()
-        node = self._node(self._span(s, s), uses, _defs(s))
+        node = self._node(self._span(s, s), uses, _defs(s), simple=not isinstance(s, _SCOPES))
         if isinstance(s, (ast.Return, ast.Raise)):
             self.succ[node].append(self.exit)
             return node, []
@@ -276,7 +326,7 @@ class _Graph:
         return node, [node]
 
     def solve(self):
-        """(nodes, live-in per node), by backward dataflow to the fixed point."""
+        """(nodes, live-in per node, live-out per node), by backward dataflow to the fixed point."""
         count = len(self.nodes)
         live_in = [frozenset()] * count
         preds = [[] for _ in range(count)]
@@ -287,12 +337,13 @@ class _Graph:
         while work:
             node = work.pop()
             out = frozenset().union(*(live_in[s] for s in self.succ[node]))
-            _, uses, defs = self.nodes[node]
+            _, uses, defs, _ = self.nodes[node]
             new_in = uses | (out - defs)
             if new_in != live_in[node]:
                 live_in[node] = frozenset(new_in)
                 work.extend(preds[node])
-        return self.nodes, live_in
+        live_out = [frozenset().union(*(live_in[s] for s in successors)) for successors in self.succ]
+        return self.nodes, live_in, live_out
 
 
 def _uses(node) -> set:
