@@ -127,11 +127,11 @@ def test_comprehension_variables_and_generators_keep_their_tiles(dtype):
             yield bank(value, dtype)
 
     def kernel(dtype):
-        junk = banks(6, 0.0, dtype)
-        junk = None
+        junk = banks(6, 0.0, dtype)  # dead from here (never read), but still bound: only reclaim frees it
         src = banks(2, 1.0, dtype)
         # each iteration writes a new bank (reclaim runs) before it reads its own element
         copies = [nisa.tensor_copy(dst=bank(0.0, dtype)[:, 0:1], src=b[:, 0:1]) or column(b, dtype) for b in src]
+        more_junk = banks(7, 0.0, dtype)
         outs = list(copies)
         for t in made_lazily(dtype): outs.append(column(bank(7.0, dtype), dtype)); outs.append(column(t, dtype))  # noqa: E702
         return tuple(outs)
@@ -145,8 +145,7 @@ def test_statements_sharing_a_line_keep_what_the_later_one_reads(dtype):
         return column(kept, dtype)
 
     def kernel(dtype):
-        junk = banks(7, 0.0, dtype)
-        junk = None
+        junk = banks(7, 0.0, dtype)  # dead from here (never read), but still bound: only reclaim frees it
         kept = bank(1.0, dtype); out = combine(bank(2.0, dtype), kept, dtype)  # noqa: E702
         return out
 
