@@ -183,3 +183,23 @@ def test_a_tile_only_an_inner_function_or_default_argument_reads_stays(dtype):
         return column(read_captured(), dtype), column(read_default(), dtype), column(junk[0], dtype)
 
     assert torch.equal(run(kernel, dtype), torch.tensor([1.0, 2.0, 3.0]).expand(128, 3))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_a_tile_kept_across_break_continue_and_with_stays_and_the_dead_ones_go(dtype):
+    def kernel(dtype):
+        i = 0
+        last = None
+        with nl.no_reorder():
+            while True:
+                t = bank(float(i), dtype)
+                junk = banks(6, 0.0, dtype)  # dead once the next iteration rebinds it, and after the loop
+                if i == 2:
+                    last = t
+                    break
+                i += 1
+                continue
+        more = banks(7, 3.0, dtype)  # fits only if the last junk goes and `last` stays
+        return column(last, dtype), column(more[6], dtype)
+
+    assert torch.equal(run(kernel, dtype), torch.tensor([2.0, 3.0]).expand(128, 2))
