@@ -12,7 +12,10 @@ tiles live still fails.
 
 A variable is live where some path of its function's control flow reaches a read of it before
 a rebinding (backward dataflow over the statements of the function's source: loops, branches,
-break / continue, with); a variable an inner function captures is always live. What the live
+break / continue, with); a variable an inner function captures is always live. An `if` whose
+test the frame's values already fix keeps only its taken branch, as the trace does
+(liveness_branches.py). A frame in the middle of a call keeps only what its statement still reads
+after the call (its bytecode after f_lasti). What the live
 variables of the program's kernel frames reach through lists, tuples, dicts, sets, NKI tensors
 and objects' attributes stays. So does every object with more references than those frames and
 that walk account for: it is also held elsewhere (an expression being evaluated, the
@@ -36,6 +39,7 @@ import types
 import torch
 
 from . import cores, dtypes
+from . import liveness_branches as branches
 from . import tensor as tensors
 
 _SIM_DIR = str(pathlib.Path(__file__).parent)
@@ -71,7 +75,7 @@ def _dead_allocations(frames, pool) -> list:
     for frame in frames:
         local_vars = frame.f_locals
         factor = 2 if isinstance(local_vars, dict) else 1  # a real f_locals dict holds a reference too
-        live = _live_names(frame.f_code, frame.f_lineno, frame.f_lasti)
+        live = _live_names(frame.f_code, frame.f_lineno, frame.f_lasti, local_vars)
         for name, value in local_vars.items():
             bindings[id(value)] = bindings.get(id(value), 0) + factor
             code = frame.f_code  # a closure's variables may be read by a later call of the inner function
@@ -146,8 +150,8 @@ class _Unknown(Exception):
 
 
 @functools.lru_cache(maxsize=512)
-def _function_liveness(code):
-    """(statement nodes with their line spans, the names live on entry to each) of `code`'s function."""
+def _parsed(code):
+    """(function AST, its first line in the file, its `if` tests, its stable names) of `code`, or None."""
     try:
         lines, first = inspect.getsourcelines(code)
         tree = ast.parse(textwrap.dedent("".join(lines)))
@@ -156,7 +160,18 @@ def _function_liveness(code):
     function = tree.body[0] if tree.body else None
     if not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
         return None
-    graph = _Graph(first - 1)  # parsed line k is file line first + k - 1
+    return (function, first) + branches.branch_tests(function)
+
+
+@functools.lru_cache(maxsize=512)
+def _function_liveness(code, decided=()):
+    """(statement nodes with their line spans, the names live on entry to each, on exit from each) of
+    `code`'s function, the `if`s of `decided` ((key, taken) pairs) keeping only their taken branch."""
+    parsed = _parsed(code)
+    if parsed is None:
+        return None
+    function, first = parsed[:2]
+    graph = _Graph(first - 1, dict(decided))  # parsed line k is file line first + k - 1
     try:
         graph.block(function.body, None)
     except _Unknown:
@@ -164,10 +179,16 @@ def _function_liveness(code):
     return graph.solve()
 
 
-def _live_names(code, lineno, lasti) -> set | None:
+def _live_names(code, lineno, lasti, local_vars) -> set | None:
     """Names whose value may still be read by the statement running at `lineno` (at bytecode offset
-    `lasti`) or after it (None: unknown)."""
-    analysed = _function_liveness(code)
+    `lasti`) or after it (None: unknown). `if`s that the frame's values already decide
+    (liveness_branches) count only their taken branch, as the traced kernel has only that one."""
+    parsed = _parsed(code)
+    if parsed is None:
+        return None
+    tests, stable = parsed[2:]
+    decided = branches.decisions(tests, stable, code.co_cellvars + code.co_freevars, local_vars) if tests else ()
+    analysed = _function_liveness(code, decided)
     if analysed is None:
         return None
     nodes, live_in, live_out = analysed
@@ -240,8 +261,9 @@ _INTROSPECTION = frozenset({"locals", "vars", "exec", "eval"})
 class _Graph:
     """Statement-level control flow of one function: node = (line span, uses, defs), with successors."""
 
-    def __init__(self, line_offset):
+    def __init__(self, line_offset, decided):
         self.offset = line_offset
+        self.decided = decided  # (line, column) of an `if` -> the branch it takes, when already known
         self.nodes, self.succ = [], []
         self.exit = self._node((0, -1), set(), set())
 
@@ -291,7 +313,9 @@ class _Graph:
     def statement(self, s, loop) -> tuple[int, list[int]]:
         if isinstance(s, ast.If):
             test = self._node(self._span(s.test, s.test), _uses(s.test), set())
-            return test, self._branches(test, [s.body, s.orelse], loop)
+            taken = self.decided.get((s.lineno, s.col_offset))
+            blocks = [s.body, s.orelse] if taken is None else [s.body if taken else s.orelse]
+            return test, self._branches(test, blocks, loop)
         if isinstance(s, ast.While):
             test = self._node(self._span(s.test, s.test), _uses(s.test), set())
             return test, self._loop(test, s.body, s.orelse, loop)

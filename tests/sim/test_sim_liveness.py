@@ -203,3 +203,39 @@ def test_a_tile_kept_across_break_continue_and_with_stays_and_the_dead_ones_go(d
         return column(last, dtype), column(more[6], dtype)
 
     assert torch.equal(run(kernel, dtype), torch.tensor([2.0, 3.0]).expand(128, 2))
+
+
+def _read_again_only_if(dtype, read_again, rounds):
+    kept = bank(1.0, dtype)
+    first = column(kept, dtype)
+    more = banks(8, 2.0, dtype)  # all of PSUM: fits only if `kept` is dead here
+    if read_again and rounds % 2 == 1:
+        first = column(kept, dtype)
+    return first, column(more[7], dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_a_tile_only_an_untaken_python_branch_reads_is_freed(dtype):
+    """The traced kernel has only the branch its Python values take: with read_again False the later
+    read does not exist, so `kept` is dead after its first read (a parameter, decided from the frame)."""
+    out = sim.jit(_read_again_only_if)(dtype, False, 3)
+    assert torch.equal(out[0].float(), torch.ones(128, 1)) and torch.equal(out[1].float(), torch.full((128, 1), 2.0))
+    with pytest.raises(sim.NkiCapacityError):  # taken: `kept` is read after the eight banks, which cannot fit
+        sim.jit(_read_again_only_if)(dtype, True, 3)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_a_branch_on_a_value_rebound_in_a_loop_is_not_decided_early(dtype):
+    def kernel(dtype):
+        kept = bank(1.0, dtype)
+        filler = bank(0.0, dtype)  # dead: the first reclaim frees it
+        outs = []
+        for i in range(2):
+            late = i == 1  # bound in the loop: False now, True next round
+            junk = banks(6, 0.0, dtype)
+            extra = bank(0.0, dtype)  # reclaim runs here in round 0, while `late` is False
+            if late:
+                outs.append(column(kept, dtype))
+        return outs[0]
+
+    assert torch.equal(run(kernel, dtype), torch.ones(128, 1))
