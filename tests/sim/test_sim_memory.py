@@ -314,3 +314,45 @@ def test_a_tile_takes_its_bytes_at_its_first_write_not_at_its_declaration(dtype)
 def test_a_tile_written_while_another_is_still_read_overflows_at_its_first_write(dtype):
     with pytest.raises(sim.NkiCapacityError, match="at its first write"):
         _declared_early_written_late(dtype, read_early_after=True)()
+
+
+_FIRST_WRITES = {
+    "memset": lambda dst, src, hbm: nisa.memset(dst, 0.0),
+    "iota": lambda dst, src, hbm: nisa.iota(dst=dst, pattern=[[1, 128]], offset=0, channel_multiplier=0),
+    "tensor_copy": lambda dst, src, hbm: nisa.tensor_copy(dst=dst, src=src),
+    "activation": lambda dst, src, hbm: nisa.activation(dst=dst, op=nl.exp, data=src),
+    "tensor_tensor": lambda dst, src, hbm: nisa.tensor_tensor(dst, src, src, nl.add),
+    "tensor_scalar": lambda dst, src, hbm: nisa.tensor_scalar(dst, src, nl.add, 1.0),
+    "tensor_reduce": lambda dst, src, hbm: nisa.tensor_reduce(dst=dst[:, 0:1], op=nl.add, data=src, axis=1),
+    "dma_copy": lambda dst, src, hbm: nisa.dma_copy(dst=dst, src=hbm),
+    "register_store": lambda dst, src, hbm: nisa.register_store(dst[0:1, 0:1], nisa.register_alloc(3)),
+    "nc_transpose": lambda dst, src, hbm: nisa.nc_transpose(dst=dst, data=src),
+    "nc_matmul": lambda dst, src, hbm: nisa.nc_matmul(dst, src, src),
+}
+
+
+@pytest.mark.parametrize("instruction", sorted(_FIRST_WRITES))
+def test_every_kind_of_write_takes_the_tiles_bytes(instruction):
+    """With the buffer full of live tiles, a fresh tile's first write overflows, whatever instruction
+    writes it (a write path that skipped tensor.place would let the kernel use bytes it has not got)."""
+    into_psum = instruction in ("nc_transpose", "nc_matmul")
+    usable = sim.get_target("trn2").sbuf_usable_bytes
+
+    @sim.jit
+    def kernel(x):
+        src = nl.ndarray((128, 128), nl.float32)
+        nisa.dma_copy(dst=src, src=x)
+        if into_psum:
+            kept = [nl.ndarray((128, BANK_F32), nl.float32, buffer=nl.psum) for _ in range(8)]
+            dst = nl.ndarray((128, 128), nl.float32, buffer=nl.psum)
+        else:
+            kept = [nl.ndarray((128, (usable - 512 - 256) // 4), nl.float32)]  # 256 B per partition left
+            dst = nl.ndarray((128, 128), nl.float32)
+        for t in kept:
+            nisa.memset(t, 0.0)
+        _FIRST_WRITES[instruction](dst, src, x)
+        nisa.memset(kept[0][:, 0:1], 1.0)  # `kept` is used after dst's first write: all of it stays live
+        return x
+
+    with pytest.raises(sim.NkiCapacityError, match="at its first write"):
+        kernel(torch.randn(128, 128))
