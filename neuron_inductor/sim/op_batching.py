@@ -192,7 +192,8 @@ class _Resolver:
 # -- renaming: def-use webs of each kept tile -------------------------------------------------------
 
 def _rename(calls, accesses, namespace, resolver, ref_type) -> list | None:
-    """The calls with each kept tile's webs on buffers of their own, laid out in one arena."""
+    """The calls with each kept tile's webs on buffers of their own, laid out in one arena; a fill
+    of a tile narrowed to the elements something reads (dropped when nothing does)."""
     by_storage: dict = {}  # storage key -> [(call index, access index)]
     viewed = set()  # tiles a view operation aliases: its later readers are not followed, so one web
     for index, found in enumerate(accesses):
@@ -202,26 +203,35 @@ def _rename(calls, accesses, namespace, resolver, ref_type) -> list | None:
                 if calls[index].func.is_view and calls[index].new:
                     viewed.add(operand.key)
     split = []  # per tile: (its uses, the web of each use, the bytes of each web)
+    narrowed: dict = {}  # a fill's use -> the view of the elements read after it (None: none are)
     for key, uses in by_storage.items():
-        webs = [0] * len(uses) if key in viewed else _webs(uses, accesses, namespace)
+        webs, live = ([0] * len(uses), {}) if key in viewed else _webs(uses, calls, accesses, namespace)
         spans: dict = {}
-        for use, web in zip(uses, webs):
-            lo, hi = accesses[use[0]][use[1]][2].extent()
+        for node, (use, web) in enumerate(zip(uses, webs)):
+            operand = accesses[use[0]][use[1]][2]
+            if node in live:
+                narrowed[use] = view = _narrowed(operand, live[node])
+                if view is None:
+                    continue
+                operand = view
+            lo, hi = operand.extent()
             old = spans.get(web)
             spans[web] = (lo, hi) if old is None else (min(old[0], lo), max(old[1], hi))
-        split.append((uses, webs, spans))
-    # the tiles with the least renamed bytes first; those past the budget keep one buffer
-    split.sort(key=lambda entry: sum(hi - lo for lo, hi in entry[2].values()))
+        if spans:
+            split.append((uses, webs, spans))
     instance_of: dict = {}  # (call index, access index) -> instance number
-    instances: list = []    # [[storage, lo, hi, first call]]: the bytes of the tile's storage a web touches
+    instances: list = []    # [storage, lo, hi, first call]: the bytes [lo, hi) of the tile a web touches
     total = 0
-    for uses, webs, spans in split:
-        whole = (min(lo for lo, _ in spans.values()), max(hi for _, hi in spans.values()))
+    for uses, webs, spans in sorted(split, key=lambda entry: sum(hi - lo for lo, hi in entry[2].values())):
+        # the tiles with the fewest renamed bytes first; one whose copies do not fit keeps one buffer
         if total + sum(hi - lo + _ALIGN for lo, hi in spans.values()) > ARENA_BYTES:
-            webs, spans = [0] * len(uses), {0: whole}
+            spans = {0: (min(lo for lo, _ in spans.values()), max(hi for _, hi in spans.values()))}
+            webs = [0] * len(uses)
         storage = namespace[accesses[uses[0][0]][uses[0][1]][1]].untyped_storage()
         numbers = {}
         for use, web in zip(uses, webs):
+            if web not in spans:
+                continue  # (a dropped fill's web)
             number = numbers.get(web)
             if number is None:
                 number = numbers[web] = len(instances)
@@ -229,11 +239,13 @@ def _rename(calls, accesses, namespace, resolver, ref_type) -> list | None:
                 instances.append([storage, lo - lo % _ALIGN, hi, use[0]])
                 total += hi - lo + _ALIGN
             instance_of[use] = number
+    # in the order of first use: the tiles of successive iterations at offsets stepping by a constant
     bases, total = {}, 0
     for number in sorted(range(len(instances)), key=lambda n: instances[n][3]):
-        instance = instances[number]
         bases[number] = total
-        total += -(-(instance[2] - instance[1]) // _ALIGN) * _ALIGN
+        total += -(-(instances[number][2] - instances[number][1]) // _ALIGN) * _ALIGN
+    if total > ARENA_BYTES:
+        return None
     arena = torch.empty(total, dtype=torch.uint8)
     for number, (storage, lo, hi, _) in enumerate(instances):  # each web starts from the tile's plan-time content
         source = torch.empty(0, dtype=torch.uint8).set_(storage, lo, (hi - lo,))
@@ -243,29 +255,37 @@ def _rename(calls, accesses, namespace, resolver, ref_type) -> list | None:
     renamed = []
     for index, call in enumerate(calls):
         args, kwargs = call.args, call.kwargs
+        dropped = False
         for position, (path, name, operand, _, _) in enumerate(accesses[index]):
-            number = instance_of.get((index, position))
+            use = (index, position)
+            if use in narrowed and narrowed[use] is None:
+                dropped = True
+                break
+            number = instance_of.get(use)
             if number is None:
                 continue
-            new = names.get((name, number))
+            view = narrowed.get(use, operand)
+            layout = (view.sizes, view.strides, view.offset)
+            new = names.get((name, number, layout))
             if new is None:
                 t = namespace[name]
-                size = t.element_size()
-                new = names[name, number] = f"{name}_w{number}"
-                offset = (bases[number] - instances[number][1]) // size + t.storage_offset()
-                namespace[new] = torch.empty(0, dtype=t.dtype).set_(arena_storage, offset, t.shape, t.stride())
-            if path[0] == 0:
-                args = _replace(args, path[1:], ref_type(new))
-            else:
-                kwargs = _replace(kwargs, path[1:], ref_type(new))
-        renamed.append(type(call)(call.func, args, kwargs, call.outs, call.new, call.guard))
+                new = names[name, number, layout] = f"{name}_w{len(names)}"
+                offset = (bases[number] - instances[number][1]) // t.element_size() + view.offset
+                namespace[new] = torch.empty(0, dtype=t.dtype).set_(arena_storage, offset, view.sizes, view.strides)
+            args, kwargs = _put(args, kwargs, path, ref_type(new))
+        if not dropped:
+            renamed.append(type(call)(call.func, args, kwargs, call.outs, call.new, call.guard))
     return renamed
 
 
-def _webs(uses, accesses, namespace) -> list:
-    """The web (a representative node) of each use of one kept tile, in order: in each call its
-    reads join the writes whose values they read (the tile's plan-time content is a write too),
-    then its writes land; a call's uses of the tile are one web."""
+_FILLS = {"aten::fill_", "aten::zero_"}
+
+
+def _webs(uses, calls, accesses, namespace):
+    """(the web (a representative node) of each use of one kept tile, in order; {node of a fill:
+    the tile's elements whose filled value something reads}). In each call its reads join the
+    writes whose values they read (the tile's plan-time content is a write too), then its writes
+    land; a call's uses of the tile are one web."""
     parent = list(range(len(uses) + 1))
     init = len(uses)  # the plan-time content
 
@@ -282,12 +302,13 @@ def _webs(uses, accesses, namespace) -> list:
 
     operands = [accesses[c][a][2] for c, a in uses]
     if any(o.dtype != operands[0].dtype for o in operands):
-        return [0] * len(uses)  # viewed as another dtype: one web
+        return [0] * len(uses), {}  # viewed as another dtype: one web
     tile = namespace[accesses[uses[0][0]][uses[0][1]][1]]
     numel = tile.untyped_storage().nbytes() // tile.element_size()
     last = torch.full((numel,), init, dtype=torch.int64)
     positions = torch.arange(numel)
     indices: dict = {}
+    live: dict = {}  # fill node -> bool mask of the elements whose filled value is read
     pending: list = []
     current = None
     for node, ((c, a), operand) in enumerate(zip(uses, operands)):
@@ -303,11 +324,31 @@ def _webs(uses, accesses, namespace) -> list:
             idx = indices[layout] = positions.as_strided(operand.sizes, operand.strides, operand.offset)
         _, _, _, reads, writes = accesses[c][a]
         if reads:
-            for writer in last[idx].unique().tolist():
+            writers = last[idx]
+            for writer in writers.unique().tolist():
                 union(node, writer)
+                if writer in live:
+                    live[writer][idx[writers == writer]] = True
         if writes:
             pending.append((idx, node))
-    return [find(n) for n in range(len(uses))]
+            if a == 0 and calls[c].func._schema.name in _FILLS and len(accesses[c]) == 1:
+                live[node] = torch.zeros(numel, dtype=torch.bool)
+    return [find(n) for n in range(len(uses))], live
+
+
+def _narrowed(operand, live):
+    """The fill's view cut to the box of its elements in `live` (None: none is)."""
+    inside = live[torch.arange(live.numel()).as_strided(operand.sizes, operand.strides, operand.offset)]
+    if not bool(inside.any()):
+        return None
+    offset, sizes = operand.offset, []
+    for d, stride in enumerate(operand.strides):
+        along = inside.any(dim=tuple(e for e in range(inside.dim()) if e != d)) if inside.dim() > 1 else inside
+        hit = along.nonzero().flatten()
+        first, end = int(hit[0]), int(hit[-1]) + 1
+        offset += first * stride
+        sizes.append(end - first)
+    return _Operand(operand.kind, operand.key, sizes, operand.strides, offset, operand.dtype)
 
 
 # -- scheduling -------------------------------------------------------------------------------------
@@ -356,32 +397,38 @@ def _schedule(calls, accesses, resolver) -> list:
         for j in succ[i]:
             indegree[j] += 1
     keys = [_key(call, found, resolver) for call, found in zip(calls, accesses)]
+    remaining: dict = {}  # signature -> its calls not yet scheduled
+    for key in keys:
+        if key is not None:
+            remaining[key] = remaining.get(key, 0) + 1
     singles: list = []  # heap of ready calls that are not batched
-    batchable: list = []  # heap of ready batchable calls
-    ready_by_key: dict = {}
+    ready_by_key: dict = {}  # signature -> its ready calls, in order
     done = [False] * n
 
     def make_ready(i):
         if keys[i] is None:
             heapq.heappush(singles, i)
         else:
-            heapq.heappush(batchable, i)
             bisect.insort(ready_by_key.setdefault(keys[i], []), i)
 
     for i in range(n):
         if indegree[i] == 0:
             make_ready(i)
     groups = []
-    while singles or batchable:
+    while singles or ready_by_key:
         if singles:
             group = [heapq.heappop(singles)]
         else:
-            i = heapq.heappop(batchable)
-            if done[i]:
-                continue
-            group = _progression(i, ready_by_key[keys[i]], accesses, calls)
+            # a signature whose calls are all ready (the earliest such), else the one with most ready
+            key = min(ready_by_key, key=lambda k: (len(ready_by_key[k]) < remaining[k], -len(ready_by_key[k]),
+                                                   ready_by_key[k][0]))
+            ready = ready_by_key[key]
+            group = _progression(ready[0], ready, accesses, calls)
             for j in group:
-                ready_by_key[keys[i]].remove(j)
+                ready.remove(j)
+            if not ready:
+                del ready_by_key[key]
+            remaining[key] -= len(group)
         groups.append(group)
         for j in group:
             done[j] = True
