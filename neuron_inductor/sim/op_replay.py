@@ -30,7 +30,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode_stack
 from torch.utils.weak import WeakIdKeyDictionary
 
-from . import op_batching, op_replay_fills, tracing
+from . import op_replay_fills, op_replay_transposes, tracing
 
 MAX_OPS = 200_000  # recorded operations per kernel: bounds the generated function's size (larger: slow path)
 
@@ -315,16 +315,14 @@ def plan_for(recorder: Recorder, result, instructions: list) -> Plan | None:
     live = [op if i not in skipped else _as_empty(op) for i, op in enumerate(live)
             if i not in skipped or op.func is _FULL]
     calls, namespace = _calls(live, recorder, result_names, persistent, written)
-    batched = op_batching.batched(calls, namespace, recorder.layouts, result_names, _Ref)
-    for version in ([_without_unread_views(batched, result_names)] if batched else []) + [calls]:
-        slow = set()
-        for _ in range(3):  # Python bindings where they dispatch to the recorded operation, else the op itself
-            function = _generate(version, recorder, result_template, result_names, namespace, slow)
-            wrong = _check_dispatch(function, version, recorder.arg_tensors)
-            if wrong is None:
-                return Plan(function, instructions, {"recorded": len(ops), "replayed": len(version),
-                                                     "unbatched": len(calls), "guards": len(guards)})
-            slow.update(wrong)
+    calls = op_replay_transposes.routed(calls, namespace, _Ref)
+    slow = set()
+    for _ in range(3):  # Python bindings where they dispatch to the recorded operation, else the op itself
+        function = _generate(calls, recorder, result_template, result_names, namespace, slow)
+        wrong = _check_dispatch(function, calls, recorder.arg_tensors)
+        if wrong is None:
+            return Plan(function, instructions, {"recorded": len(ops), "replayed": len(calls), "guards": len(guards)})
+        slow.update(wrong)
     return None
 
 

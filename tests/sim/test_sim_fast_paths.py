@@ -16,7 +16,7 @@ from neuron_inductor import sim
 from neuron_inductor.sim import copy_batching
 from neuron_inductor.sim import isa as nisa
 from neuron_inductor.sim import language as nl
-from neuron_inductor.sim import op_replay
+from neuron_inductor.sim import op_replay, op_replay_transposes
 from neuron_inductor.sim import replay as sim_replay
 from neuron_inductor.sim import tensor as sim_tensor
 from neuron_inductor.sim.errors import NkiIndexError
@@ -498,3 +498,71 @@ def test_kernels_replay_under_inference_mode_with_the_same_bits_and_trace(dtype,
         compiled(x, w, table, ids, q, k, v)
         assert _op_plans() >= 6
         _same_outputs_and_trace(lambda: compiled(x, w, table, ids, q, k, v), monkeypatch)
+
+
+# -- transposing copies between tiles routed through a scratch (sim/op_replay_transposes.py) --------
+
+def _transpose_blocks(x):
+    """Transposes 128-column blocks of x on TensorE out of a wide SBUF tile (rows 1024 elements apart:
+    each transpose is a copy whose source steps 2 or 4 KiB), through PSUM, back to HBM."""
+    rows, cols = x.shape
+    out = nl.ndarray((cols, rows), dtype=x.dtype, buffer=nl.shared_hbm)
+    wide = nl.ndarray((rows, 1024), dtype=x.dtype, buffer=nl.sbuf)
+    nisa.dma_copy(dst=wide[:, 0:cols], src=x)
+    for c in nl.affine_range(cols // 128):
+        t_psum = nl.ndarray((128, rows), dtype=x.dtype, buffer=nl.psum)
+        nisa.nc_transpose(dst=t_psum, data=wide[:, 128 * c:128 * c + 128])
+        t = nl.ndarray((128, rows), dtype=x.dtype, buffer=nl.sbuf)
+        nisa.tensor_copy(dst=t, src=t_psum)
+        nisa.dma_copy(dst=out[128 * c:128 * c + 128, :], src=t)
+    return out
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows", [128, 100])  # on and off the partition tile
+def test_routed_transposes_replay_with_the_same_bits_and_trace(dtype, rows):
+    make = lambda call: torch.randn(rows, 256, generator=torch.Generator().manual_seed(call)).to(dtype)
+    runs = _runs(_transpose_blocks, make)
+    for (out, _, ops), (ref_out, _, ref_ops) in zip(runs[True], runs[False]):
+        assert ops == ref_ops and torch.equal(_bits(out), _bits(ref_out))
+    x = make(0)
+    assert torch.equal(_bits(runs[True][0][0]), _bits(x.t().contiguous()))
+    plans = [p for (f, _), p in sim_replay._PLANS.items() if f is _transpose_blocks]
+    assert isinstance(plans[-1], op_replay.Plan)
+    assert sum(name.endswith("_scratch") for name in plans[-1].function.__globals__) == 2  # one per transpose
+
+
+def _copy_call(dst: str, src: str):
+    return op_replay._Call(torch.ops.aten.copy_.default, (op_replay._Ref(dst), op_replay._Ref(src)), {}, None, ())
+
+
+def _run_calls(calls, namespace):
+    for call in calls:
+        call.func(*(namespace[a.name] for a in call.args))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_transposing_copies_route_only_between_separate_regions(dtype):
+    """Routed: a transpose out of a wide tile, also one that rounds fp32 to bf16 on the way (the
+    second step converts, element by element, as the direct copy did). Not routed: a source
+    overlapping its destination's storage extent, a copy that does not transpose, a small one."""
+    gen = torch.Generator().manual_seed(3)
+    wide = torch.randn(128, 1024, generator=gen) * 1e3 + 1 / 3  # values whose bf16 rounding shows
+    wide_d = wide.to(dtype)
+    nan = lambda shape, t=dtype: torch.full(shape, float("nan"), dtype=t)
+    cases = {  # name: (dst, src, routed)
+        "transpose": (nan((128, 128)), wide_d[:, 128:256].t(), True),
+        "converting": (nan((128, 128), torch.bfloat16), wide[:, 0:128].t(), True),
+        "3-d": (nan((2, 128, 128)), wide_d.view(128, 8, 128)[:, 2:4, :].permute(1, 2, 0), True),
+        "overlapping": (wide_d[:, 0:128], wide_d[:, 64:192].t(), False),
+        "not transposing": (nan((128, 128)), wide_d[:, 0:128], False),
+        "small": (nan((16, 16)), wide_d[0:16, 0:16].t(), False),
+    }
+    for name, (dst, src, routed) in cases.items():
+        namespace = {"pdst": dst, "psrc": src}
+        expected = dst.clone().copy_(src)
+        calls = op_replay_transposes.routed([_copy_call("pdst", "psrc")], namespace, op_replay._Ref)
+        assert len(calls) == (2 if routed else 1), name
+        if name != "overlapping":  # (left to torch's copy_ as recorded)
+            _run_calls(calls, namespace)
+            assert torch.equal(_bits(namespace["pdst"]), _bits(expected)), name
