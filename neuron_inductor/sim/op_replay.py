@@ -30,7 +30,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode_stack
 from torch.utils.weak import WeakIdKeyDictionary
 
-from . import op_replay_fills, op_replay_transposes, tracing
+from . import op_replay_casts, op_replay_fills, op_replay_transposes, tracing
 
 MAX_OPS = 200_000  # recorded operations per kernel: bounds the generated function's size (larger: slow path)
 
@@ -315,7 +315,7 @@ def plan_for(recorder: Recorder, result, instructions: list) -> Plan | None:
     live = [op if i not in skipped else _as_empty(op) for i, op in enumerate(live)
             if i not in skipped or op.func is _FULL]
     calls, namespace = _calls(live, recorder, result_names, persistent, written)
-    calls = op_replay_transposes.routed(calls, namespace, _Ref)
+    calls = op_replay_transposes.routed(op_replay_casts.reused(calls, namespace, result_names, _Ref), namespace, _Ref)
     slow = set()
     for _ in range(3):  # Python bindings where they dispatch to the recorded operation, else the op itself
         function = _generate(calls, recorder, result_template, result_names, namespace, slow)
