@@ -447,15 +447,6 @@ def _calls(live: list, recorder: Recorder, result_names: set, persistent: dict, 
     rename: dict = {}
     calls = []
 
-    def sub(template):
-        if isinstance(template, _Ref):
-            return _Ref(rename.get(template.name, template.name))
-        if isinstance(template, dict):
-            return {k: sub(v) for k, v in template.items()}
-        if isinstance(template, (tuple, list)):
-            return type(template)(sub(t) for t in template)
-        return template
-
     for name, buffer in persistent.items():
         namespace[f"p{name}"] = buffer
         rename[name] = f"p{name}"
@@ -483,10 +474,21 @@ def _calls(live: list, recorder: Recorder, result_names: set, persistent: dict, 
             continue
         if op.guard is not None:
             namespace[f"g{index}"] = op.guard[0]
-            calls.append(_Call(op.func, sub(op.args), sub(op.kwargs), None, (), guard=f"g{index}"))
+            calls.append(_Call(op.func, renamed(op.args, rename), renamed(op.kwargs, rename), None, (), guard=f"g{index}"))
             continue
-        calls.append(_Call(op.func, sub(op.args), sub(op.kwargs), op.outs if op.new_slots else None, op.new_slots))
+        calls.append(_Call(op.func, renamed(op.args, rename), renamed(op.kwargs, rename), op.outs if op.new_slots else None, op.new_slots))
     return _without_unread_views(calls, result_names), namespace
+
+
+def renamed(template, rename: dict):
+    """An argument template with the names in `rename` replaced."""
+    if isinstance(template, _Ref):
+        return _Ref(rename.get(template.name, template.name))
+    if isinstance(template, dict):
+        return {k: renamed(v, rename) for k, v in template.items()}
+    if isinstance(template, (tuple, list)):
+        return type(template)(renamed(t, rename) for t in template)
+    return template
 
 
 def _without_unread_views(calls: list, result_names: set) -> list:

@@ -38,7 +38,7 @@ def reused(calls: list, namespace: dict, result_names: set, ref_type) -> list:
     rename: dict = {}
     out = []
     for call in calls:
-        call = _renamed(call, rename, ref_type)
+        call = _renamed(call, rename)
         key = _cast_key(call, namespace, ref_type)
         if key is not None and call.new[0] not in unsafe:
             first = cache.get(key)
@@ -106,17 +106,9 @@ def _arguments(call):
     yield from call.kwargs.items()
 
 
-def _renamed(call, rename: dict, ref_type):
+def _renamed(call, rename: dict):
     if not rename:
         return call
-
-    def sub(template):
-        if isinstance(template, ref_type):
-            return ref_type(rename.get(template.name, template.name))
-        if isinstance(template, dict):
-            return {k: sub(v) for k, v in template.items()}
-        if isinstance(template, (tuple, list)):
-            return type(template)(sub(t) for t in template)
-        return template
-
-    return type(call)(call.func, sub(call.args), sub(call.kwargs), call.outs, call.new, call.guard)
+    from .op_replay import renamed  # (op_replay imports this module)
+    return type(call)(call.func, renamed(call.args, rename), renamed(call.kwargs, rename), call.outs, call.new,
+                      call.guard)
