@@ -338,15 +338,18 @@ def lower_lm_head_loss(ctx: LoweringContext, node: fx.Node) -> KernelSpec:
     w = val(weight)
     if grad_h_in_forward and (not w.is_contiguous() or w.storage_offset()):
         raise Unsupported("W is a strided view (its rows are gathered by address from its allocation)")
-    params = {"mode": "forward", "split": None, "emit_logits": emit_logits, "reduction": reduction,
+    params = {"mode": "forward", "row_split": None, "emit_logits": emit_logits, "reduction": reduction,
               "ignore_index": int(ignore_index),
               "label_smoothing": _check_smoothing(label_smoothing),
               **plan(ctx, rows, dim, vocab, val(hidden).dtype.itemsize, ("forward_block",),
                      grad_h_in_forward=grad_h_in_forward)}
+    # softmax @ W's online sums would need rescaling across the cores: that forward stays on one
+    params["split"] = None if grad_h_in_forward else _lnc_split(ctx, params)
     # logits, and softmax @ W for the backward
     return KernelSpec("lm_head_loss", params, inputs=[hidden, weight, target],
                       outputs=outputs if emit_logits or grad_h_in_forward else outputs[:3],
-                      flops=(4 if grad_h_in_forward else 2) * rows * dim * vocab, index_bounds=target_bounds(vocab, ignore_index))
+                      flops=(4 if grad_h_in_forward else 2) * rows * dim * vocab, index_bounds=target_bounds(vocab, ignore_index),
+                      grid=ctx.lnc if params["split"] else 1)
 
 
 @register_lowering(torch.ops.neuron_inductor.lm_head_loss_with_grads.default)
@@ -355,7 +358,8 @@ def lower_lm_head_loss_with_grads(ctx: LoweringContext, node: fx.Node) -> Kernel
     rows, dim, vocab = _check(hidden, weight, target, reduction)
     if reduction not in GRAD_REDUCTIONS:
         raise Unsupported(f"reduction {reduction!r} (the gradients are made in the forward for mean or sum)")
-    params = {"mode": "forward_grads", "emit_logits": False, "has_grad_logits": False, "reduction": reduction,
+    params = {"mode": "forward_grads", "row_split": None, "emit_logits": False, "has_grad_logits": False,
+              "reduction": reduction,
               "ignore_index": int(ignore_index), "label_smoothing": _check_smoothing(label_smoothing),
               **plan(ctx, rows, dim, vocab, val(hidden).dtype.itemsize, ("grads_block",))}
     params["split"] = _lnc_split(ctx, params)
@@ -386,11 +390,22 @@ def lower_lm_head_loss_backward(ctx: LoweringContext, node: fx.Node) -> KernelSp
     if (grad_logits is None) == (unscaled_grad_h is None) or (grad_logits is None) != (logits is None):
         raise Unsupported("takes grad_logits and logits, or unscaled_grad_h")
     rows, dim, vocab = _check(hidden, weight, target, reduction)
-    params = {"mode": "backward", "split": None, "has_grad_logits": grad_logits is not None, "reduction": reduction,
+    params = {"mode": "backward", "has_grad_logits": grad_logits is not None, "reduction": reduction,
               "ignore_index": int(ignore_index), "label_smoothing": _check_smoothing(label_smoothing),
               **plan(ctx, rows, dim, vocab, val(hidden).dtype.itemsize,
                      ("grad_h_block", "grad_w_block") if grad_logits is not None else ("grad_w_block",))}
+    # LNC split, with no exchange: the grad_W pass by vocabulary chunks, grad_h by rows (row blocks
+    # of at most 1 / lnc of the rows given the logits, whose grad_h pass streams W once per block)
+    params["split"] = _lnc_split(ctx, params)
+    params["row_split"] = None
+    if params["split"]:
+        if grad_logits is not None:
+            share = _cdiv(_cdiv(rows, ctx.lnc), ctx.tile.partitions) * ctx.tile.partitions
+            params["grad_h_block"] = min(params["grad_h_block"], share)
+            params["row_split"] = {"loop": "grad_h_blocks", "count": _cdiv(rows, params["grad_h_block"])}
+        else:
+            params["row_split"] = {"loop": "row_tiles", "count": _cdiv(rows, ctx.tile.partitions)}
     # The grad_W pass recomputes the logits (or, given them, reads them; then a grad_h pass reads them too).
     extra = [grad_logits, logits] if logits is not None else [unscaled_grad_h]
     return KernelSpec("lm_head_loss", params, inputs=[grad_loss, hidden, weight, target, lse, count, *extra],
-                      outputs=result_values(node), flops=4 * rows * dim * vocab)
+                      outputs=result_values(node), flops=4 * rows * dim * vocab, grid=ctx.lnc if params["split"] else 1)
