@@ -9,7 +9,9 @@ tiles out the same way: tile i runs on program i % nl.num_programs(0).
 The shares are disjoint and cover the loop, and every store an iteration makes lies inside its own
 block, so no two programs write the same output element (no races, no core_barrier). The kernel
 reads nl.num_programs(0), so it is whole at any launch size (the `neuron` toolchain launches with
-the host's LNC).
+the host's LNC). The fused LM head + loss (lowering/lm_head_loss.py) deals out its vocabulary
+chunks and is the one family whose programs exchange data: per-row softmax statistics and
+grad_h's partial sums, through shared-HBM scratch behind nisa.core_barrier.
 """
 
 from __future__ import annotations
