@@ -167,18 +167,20 @@ def test_hidden_size_beyond_the_panels_is_refused():
         kernel_for(gm, FORWARD, ctx=small)
 
 
-def check_with_grads(rows, dim, vocab, dtype, reduction, eps=0.0, target=None, lnc=2):
-    """lm_head_loss_with_grads' kernel for `lnc` physical cores: the loss, and its gradients for a
-    cotangent of 1 (in h's and W's dtype) times a cotangent of 1.5 (what its backward computes)
-    against eager's for 1.5. Under LNC=2 the kernel splits its vocabulary chunks when it has two."""
+def check_with_grads(rows, dim, vocab, dtype, reduction, eps=0.0, target=None, lnc=2, ctx=None):
+    """lm_head_loss_with_grads' kernel for `lnc` physical cores of trn2 (or for `ctx`): the loss, and
+    its gradients for a cotangent of 1 (in h's and W's dtype) times a cotangent of 1.5 (what its
+    backward computes) against eager's for 1.5. With LNC=2 the kernel splits its vocabulary chunks
+    when it has two."""
+    ctx = ctx or LNCS[lnc]
     hidden, weight, default_target = inputs(rows, dim, vocab, dtype)
     target = default_target if target is None else target
     grad = torch.tensor(1.5)
     loss, _, _, _, grad_h, grad_w = eager(hidden, weight, target, reduction, eps, grad)
     (kernel_loss, kernel_grad_h, kernel_grad_w), spec = run(WITH_GRADS, hidden, weight, target, IGNORE, reduction, eps,
-                                                            ctx=LNCS[lnc])
+                                                            ctx=ctx)
     assert kernel_grad_h.dtype == kernel_grad_w.dtype == dtype
-    assert spec.grid == (2 if lnc == 2 and spec.params["vocab_chunks"] > 1 else 1)
+    assert spec.grid == (ctx.lnc if spec.params["vocab_chunks"] > 1 else 1)
     assert_close(kernel_loss, loss)
     assert_close(grad * kernel_grad_h, grad_h, fp32_rtol=2e-5)
     assert_close(grad * kernel_grad_w, grad_w, fp32_rtol=2e-5)
@@ -191,6 +193,13 @@ def check_with_grads(rows, dim, vocab, dtype, reduction, eps=0.0, target=None, l
 @pytest.mark.parametrize("reduction", fused.GRAD_REDUCTIONS)
 def test_gradients_in_the_forward_vocab_1000(rows, dim, dtype, reduction, lnc):
     check_with_grads(rows, dim, 1000, dtype, reduction, lnc=lnc)
+
+
+@pytest.mark.parametrize("target", ["trn1", "trn3"])
+def test_gradients_in_the_forward_on_other_targets(target):
+    """trn1 (one core: no split) and trn3 (LNC=2, its own SBUF plan) run the training kernel."""
+    ctx = LoweringContext.for_target(target)
+    assert check_with_grads(130, 96, 1000, torch.bfloat16, "mean", ctx=ctx).grid == ctx.lnc
 
 
 @pytest.mark.parametrize("lnc", [1, 2])
