@@ -368,5 +368,10 @@ def build_program(nodes: list[fx.Node], outputs: list[fx.Node], shape: tuple[int
         dtype = node.meta["val"].dtype
         builder.node_dtype = "float32" if dtype.is_floating_point or dtype == torch.bool else "int32"
         builder.env[node] = LOWERINGS[node.target].emit(builder, node_arguments(node))
-    results = [(out, builder.env[out]) for out in outputs]
+    results = []
+    for out in outputs:
+        if out not in builder.env:  # an output no node computes (a matmul epilogue's anchor): stored as read
+            builder.node_shape = tuple(int(s) for s in out.meta["val"].shape)
+            builder.env[out] = builder.ref(out)
+        results.append((out, builder.env[out]))
     return PointwiseProgram(shape, builder.inputs, builder.instrs, results)

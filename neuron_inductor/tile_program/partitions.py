@@ -55,6 +55,8 @@ def choose_rows(sizes: list[int], strides: list[list[int]], extents: list[list[i
     [lead..., rows, cols] (cols is always the last dim)."""
     rank = len(sizes)
     default = (sizes, strides, extents, list(range(rank)))
+    if 0 in sizes:  # an empty grid has no walk to price
+        return default
     candidates = []
     for row in range(rank - 2):
         order = [d for d in range(rank - 1) if d != row] + [row, rank - 1]

@@ -265,3 +265,14 @@ def test_epilogue_rejects_row_broadcast_inputs():
     add = next(iter(node.users))
     with pytest.raises(Unsupported, match="does not tile"):
         matmul.lower_matmul_with_epilogue(CTX, node, [add], [add])
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_epilogue_of_an_unrelated_op_of_the_matmul_shape(dtype):
+    """The graph lowering offers every following pointwise node of the matmul's shape (svd_lowrank's
+    backward: a permuted other tensor divided, next to a returned mm); the kernel stores the matmul
+    result as it is and computes the unrelated node beside it."""
+    a, b, c = randn(130, 64, dtype=dtype), randn(64, 200, dtype=dtype, seed=1), randn(200, 130, dtype=dtype, seed=2)
+    spec = run_epilogue_case(lambda a, b, c: (a @ b, c.t() / 3), a, b, c)
+    assert len(spec.outputs) == 2
+

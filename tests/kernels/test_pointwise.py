@@ -404,9 +404,12 @@ def test_constant_operands_fold():
     check(lambda x: F.silu(torch.full_like(x, 2.0)) + x, randn(5, 7), **FP32_COMPOSED)
 
 
-def test_empty_tensor():
-    (result,), trace = run_kernel(lambda x: x * 2 + 1, randn(0, 7))
-    assert result.shape == (0, 7) and result.dtype == torch.float32 and not trace.instructions
+@pytest.mark.parametrize("shape", [(0, 7), (0, 0, 0), (2, 0, 5), (3, 4, 0)], ids=str)
+def test_empty_tensor(shape):
+    """No instruction for no element, at every rank (the row-layout choice prices rank-3 grids: roll's
+    OpInfo sample is (0, 0, 0))."""
+    (result,), trace = run_kernel(lambda x: x * 2 + 1, randn(*shape))
+    assert result.shape == shape and result.dtype == torch.float32 and not trace.instructions
 
 
 EDGE_VALUES = [0.0, -0.0, -1.0, -3.5, math.inf, -math.inf, math.nan, 2.0 ** -70, 2.0 ** -149, 1e-30, 3e38, 2.0 ** 70,
