@@ -370,14 +370,16 @@ def lower_lm_head_loss_with_grads(ctx: LoweringContext, node: fx.Node) -> Kernel
 
 
 def _lnc_split(ctx: LoweringContext, params: dict) -> dict | None:
-    """The training kernel's LNC split: its vocabulary chunks, dealt out over the programs.
+    """The kernels' LNC split: their vocabulary chunks, dealt out over the programs.
 
-    Vocabulary rather than rows, by what crosses between the cores (through shared HBM): split by
-    rows, each core would hold a partial grad_W for all V rows, and summing them moves
-    2 x V x d x 4 bytes (0.5 GB at d=2048, V=32000: ~1.4 ms of one core's DMA, a quarter of the
-    halved TensorE time); split by vocabulary, grad_W stays whole on each core, and what crosses is
-    each row's softmax statistics (16 bytes) and grad_h's partials, N x d x 4 bytes (16 MB at
-    N=2048: ~0.05 ms), for the same halved TensorE work. None when there is one core or one chunk."""
+    Vocabulary rather than rows, by what crosses between the cores (through shared HBM), for the
+    same halved TensorE work and the same W traffic per core: split by rows, each core would hold
+    a partial fp32 grad_W of all V rows, and summing them moves 2 x V x d x 4 bytes (0.5 GB at
+    d=2048, V=32000: ~1.4 ms of a core's DMA, which would take the DMA engines from 2.5 to ~3.9 ms
+    against TensorE's 5.3 ms, and needs a [V, d] fp32 scratch); split by vocabulary, grad_W stays
+    whole on each core, and what crosses is each row's softmax statistics (16 bytes) and grad_h's
+    partials, N x d x 4 bytes (16 MB at N=2048: ~0.05 ms). The second is smaller whenever V > N,
+    the usual case. None when there is one core or one chunk."""
     return plan_split(ctx, {"vocab_chunks": params["vocab_chunks"]})
 
 
