@@ -343,8 +343,9 @@ def lower_lm_head_loss(ctx: LoweringContext, node: fx.Node) -> KernelSpec:
               "label_smoothing": _check_smoothing(label_smoothing),
               **plan(ctx, rows, dim, vocab, val(hidden).dtype.itemsize, ("forward_block",),
                      grad_h_in_forward=grad_h_in_forward)}
-    # softmax @ W's online sums would need rescaling across the cores: that forward stays on one
-    params["split"] = None if grad_h_in_forward else _lnc_split(ctx, params)
+    # softmax @ W's partial sums cross between the cores too (rescaled to the rows' max); with label
+    # smoothing so would sum(W): that forward stays on one core
+    params["split"] = None if grad_h_in_forward and params["label_smoothing"] else _lnc_split(ctx, params)
     # logits, and softmax @ W for the backward
     return KernelSpec("lm_head_loss", params, inputs=[hidden, weight, target],
                       outputs=outputs if emit_logits or grad_h_in_forward else outputs[:3],
