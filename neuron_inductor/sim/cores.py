@@ -17,7 +17,9 @@ not as program 0 running to its end first. The order is deterministic.
 Sync points (nisa.core_barrier, nisa.sendrecv; `sync`): a program waits there until every
 participant has arrived; they leave together (their access counts become the largest among
 them), so each sees the others' writes made before it. A sync point no other program can ever
-reach is a deadlock, raised as NkiRuleError naming each program and where it waits.
+reach is a deadlock, raised as NkiRuleError naming each program and where it waits. An error in
+one program stops the others at their next HBM access or sync point; it is raised on the
+launching thread with a note naming the program that raised it.
 
 Each program runs on its own Python thread and only the holder of the baton runs (never two at
 once). The threads keep the caller's inference mode (recycled tiles depend on it) but run with
@@ -38,8 +40,9 @@ from . import context, op_replay
 from .errors import NkiError, NkiRuleError
 
 
-class _Aborted(Exception):
-    """Raised in a waiting program when another program failed."""
+class _Aborted(BaseException):
+    """Raised in a waiting program when another program failed (a BaseException: a kernel's own
+    `except Exception` must not swallow it and run on past the failure)."""
 
 
 class _Group:
@@ -151,6 +154,7 @@ def run_programs(func, args, kwargs, target, grid, name):
         except _Aborted:
             pass
         except BaseException as error:  # noqa: BLE001 -- re-raised on the launching thread
+            error.add_note(f"(in program {index} of the {len(ids)}-program launch {name}[{', '.join(map(str, grid))}])")
             with group.lock:
                 if group.error is None:
                     group.error = error

@@ -158,6 +158,8 @@ def dma(api, dst, src, oob, copy) -> None:
         converted = tensors.allocate(tuple(dst.data.shape), dst.dtype, tensors.private_hbm, "", None)
         copy(converted, staged)
         keep = valid.reshape([-1] + [1] * (len(side.sizes) - 1)).expand(side.sizes).reshape(dst.data.shape)
+        if not dst.alloc.placed:
+            tensors.place(dst)
         dst.data.copy_(torch.where(keep, converted.data, dst.data))
         if dst.buffer is tensors.psum:
             tensors.mark_written(dst)

@@ -236,6 +236,8 @@ def fill(dst, value) -> None:
     scalar = torch.scalar_tensor(value, dtype=torch.float64) if dst.dtype.kind == "int" else f32_immediate(value)
     if dst.dtype in _NEEDS_CAST:
         scalar = dtypes.cast_for_store(scalar, dst.dtype, dst.data.dtype)
+    if not dst.alloc.placed:
+        tensors.place(dst)
     dst.data.fill_(scalar)
     if dst.buffer is tensors.psum:
         tensors.mark_written(dst)

@@ -75,8 +75,11 @@ def _is_int(operand) -> bool:
 
 def _write(dst, values: torch.Tensor, wrap: bool = False) -> None:
     """Store engine results into dst: cast to dst.dtype (rounding / saturating), mark PSUM written."""
-    if dst.alloc.readonly:
+    alloc = dst.alloc
+    if alloc.readonly:
         raise NkiError("cannot write a read-only HBM view (a reshape torch could only copy)")
+    if not alloc.placed:
+        tensors.place(dst)
     data = dst.data
     dtype = dst.dtype
     if dtype in _NEEDS_CAST and not wrap:
@@ -109,6 +112,8 @@ def _copy_exact(dst, src) -> None:
     """Bit-exact copy between tiles of the same dtype and storage."""
     if dst.alloc.readonly:
         raise NkiError("cannot write a read-only HBM view (a reshape torch could only copy)")
+    if not dst.alloc.placed:
+        tensors.place(dst)
     values = src.data
     if src.alloc is dst.alloc:
         values = values.clone()  # overlapping views of one allocation

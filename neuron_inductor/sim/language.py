@@ -406,6 +406,7 @@ def broadcast_to(x, shape) -> NkiTensor:
         values = x.data.expand(shape)
     except RuntimeError:
         raise NkiError(f"nl.broadcast_to: cannot broadcast {list(x.shape)} to {list(shape)}") from None
+    tensors.place(dst)
     dst.data.copy_(values)
     if isa.ACTIVE:
         p, n = shape[0], rules.free_size(dst)

@@ -12,7 +12,10 @@ tiles live still fails.
 
 A variable is live where some path of its function's control flow reaches a read of it before
 a rebinding (backward dataflow over the statements of the function's source: loops, branches,
-break / continue, with); a variable an inner function captures is always live. What the live
+break / continue, with); a variable an inner function captures is always live. An `if` whose
+test the frame's values already fix keeps only its taken branch, as the trace does
+(liveness_branches.py). A frame in the middle of a call keeps only what its statement still reads
+after the call (its bytecode after f_lasti). What the live
 variables of the program's kernel frames reach through lists, tuples, dicts, sets, NKI tensors
 and objects' attributes stays. So does every object with more references than those frames and
 that walk account for: it is also held elsewhere (an expression being evaluated, the
@@ -24,6 +27,7 @@ towards keeping tiles, never towards freeing one that is still read.
 from __future__ import annotations
 
 import ast
+import dis
 import functools
 import inspect
 import math
@@ -35,6 +39,7 @@ import types
 import torch
 
 from . import cores, dtypes
+from . import liveness_branches as branches
 from . import tensor as tensors
 
 _SIM_DIR = str(pathlib.Path(__file__).parent)
@@ -70,7 +75,7 @@ def _dead_allocations(frames, pool) -> list:
     for frame in frames:
         local_vars = frame.f_locals
         factor = 2 if isinstance(local_vars, dict) else 1  # a real f_locals dict holds a reference too
-        live = _live_names(frame.f_code, frame.f_lineno)
+        live = _live_names(frame.f_code, frame.f_lineno, frame.f_lasti, local_vars)
         for name, value in local_vars.items():
             bindings[id(value)] = bindings.get(id(value), 0) + factor
             code = frame.f_code  # a closure's variables may be read by a later call of the inner function
@@ -145,8 +150,8 @@ class _Unknown(Exception):
 
 
 @functools.lru_cache(maxsize=512)
-def _function_liveness(code):
-    """(statement nodes with their line spans, the names live on entry to each) of `code`'s function."""
+def _parsed(code):
+    """(function AST, its first line in the file, its `if` tests, its stable names) of `code`, or None."""
     try:
         lines, first = inspect.getsourcelines(code)
         tree = ast.parse(textwrap.dedent("".join(lines)))
@@ -155,7 +160,18 @@ def _function_liveness(code):
     function = tree.body[0] if tree.body else None
     if not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
         return None
-    graph = _Graph(first - 1)  # parsed line k is file line first + k - 1
+    return (function, first) + branches.branch_tests(function)
+
+
+@functools.lru_cache(maxsize=512)
+def _function_liveness(code, decided=()):
+    """(statement nodes with their line spans, the names live on entry to each, on exit from each) of
+    `code`'s function, the `if`s of `decided` ((key, taken) pairs) keeping only their taken branch."""
+    parsed = _parsed(code)
+    if parsed is None:
+        return None
+    function, first = parsed[:2]
+    graph = _Graph(first - 1, dict(decided))  # parsed line k is file line first + k - 1
     try:
         graph.block(function.body, None)
     except _Unknown:
@@ -163,17 +179,71 @@ def _function_liveness(code):
     return graph.solve()
 
 
-def _live_names(code, lineno) -> set | None:
-    """Names whose value may still be read after the statement running at `lineno` (None: unknown)."""
-    analysed = _function_liveness(code)
+def _live_names(code, lineno, lasti, local_vars) -> set | None:
+    """Names whose value may still be read by the statement running at `lineno` (at bytecode offset
+    `lasti`) or after it (None: unknown). `if`s that the frame's values already decide
+    (liveness_branches) count only their taken branch, as the traced kernel has only that one."""
+    parsed = _parsed(code)
+    if parsed is None:
+        return None
+    tests, stable = parsed[2:]
+    decided = branches.decisions(tests, stable, code.co_cellvars + code.co_freevars, local_vars) if tests else ()
+    analysed = _function_liveness(code, decided)
     if analysed is None:
         return None
-    nodes, live_in = analysed
+    nodes, live_in, live_out = analysed
     spans = [(last - first, i) for i, (first, last) in enumerate(n[0] for n in nodes) if first <= lineno <= last]
     if not spans:
         return None
-    # mid-statement: its own reads may still come, and what it rebinds without reading is dead already
-    return live_in[min(spans)[1]]
+    narrowest = min(spans)[0]
+    running = [i for width, i in spans if width == narrowest]
+    if len(running) > 1:  # statements sharing a line (`a = f(); g(a)`): any of them may be the one running
+        return frozenset().union(*(live_in[i] for i in running))
+    node = running[0]
+    (first, last), _, defs, simple = nodes[node]
+    later = _loads_after(code, lasti, first, last) if simple else None
+    if later is None:
+        # its own reads may still come, and what it rebinds without reading is dead already
+        return live_in[node]
+    # a simple statement mid-call: only the reads after this call are still to come (what it read
+    # before is either consumed or waiting on the value stack, where reclaim's reference count sees it)
+    return later | (live_out[node] - defs)
+
+
+_LOADS = frozenset({"LOAD_FAST", "LOAD_DEREF", "LOAD_CLOSURE", "LOAD_NAME", "LOAD_FAST_CHECK",
+                    "LOAD_FAST_AND_CLEAR", "LOAD_FAST_LOAD_FAST", "LOAD_FROM_DICT_OR_DEREF"})
+
+
+_JUMPS = frozenset(dis.hasjrel) | frozenset(dis.hasjabs)
+
+
+@functools.lru_cache(maxsize=512)
+def _instructions(code) -> tuple:
+    """(offset, local names read, line, jump target or None) per instruction of `code`."""
+    rows = []
+    for ins in dis.get_instructions(code):
+        names = ()
+        if ins.opname in _LOADS:
+            names = ins.argval if isinstance(ins.argval, tuple) else (ins.argval,)
+        target = ins.argval if ins.opcode in _JUMPS else None
+        line = ins.positions.lineno if ins.positions is not None else None
+        rows.append((ins.offset, names, line, target))
+    return tuple(rows)
+
+
+def _loads_after(code, lasti, first, last) -> frozenset | None:
+    """Local names the statement on lines first..last still reads after offset `lasti` (None: it may
+    jump back to `lasti` or before, as an inlined comprehension's loop does, so what it read may come again)."""
+    names = set()
+    for offset, reads, line, target in _instructions(code):
+        if offset <= lasti:
+            continue
+        if line is not None and not first <= line <= last:
+            break  # past the statement
+        if target is not None and target <= lasti:
+            return None
+        names.update(reads)
+    return frozenset(names)
 
 
 class _Loop:
@@ -191,13 +261,15 @@ _INTROSPECTION = frozenset({"locals", "vars", "exec", "eval"})
 class _Graph:
     """Statement-level control flow of one function: node = (line span, uses, defs), with successors."""
 
-    def __init__(self, line_offset):
+    def __init__(self, line_offset, decided):
         self.offset = line_offset
+        self.decided = decided  # (line, column) of an `if` -> the branch it takes, when already known
         self.nodes, self.succ = [], []
         self.exit = self._node((0, -1), set(), set())
 
-    def _node(self, span, uses, defs) -> int:
-        self.nodes.append((span, uses, defs))
+    def _node(self, span, uses, defs, simple=False) -> int:
+        """simple: a statement without a body (its bytecode is one straight run, see _loads_after)."""
+        self.nodes.append((span, uses, defs, simple))
         self.succ.append([])
         return len(self.nodes) - 1
 
@@ -241,7 +313,9 @@ class _Graph:
     def statement(self, s, loop) -> tuple[int, list[int]]:
         if isinstance(s, ast.If):
             test = self._node(self._span(s.test, s.test), _uses(s.test), set())
-            return test, self._branches(test, [s.body, s.orelse], loop)
+            taken = self.decided.get((s.lineno, s.col_offset))
+            blocks = [s.body, s.orelse] if taken is None else [s.body if taken else s.orelse]
+            return test, self._branches(test, blocks, loop)
         if isinstance(s, ast.While):
             test = self._node(self._span(s.test, s.test), _uses(s.test), set())
             return test, self._loop(test, s.body, s.orelse, loop)
@@ -261,7 +335,7 @@ class _Graph:
         uses = _uses(s)
         if uses & _INTROSPECTION:
             raise _Unknown()
-        node = self._node(self._span(s, s), uses, _defs(s))
+        node = self._node(self._span(s, s), uses, _defs(s), simple=not isinstance(s, _SCOPES))
         if isinstance(s, (ast.Return, ast.Raise)):
             self.succ[node].append(self.exit)
             return node, []
@@ -276,7 +350,7 @@ class _Graph:
         return node, [node]
 
     def solve(self):
-        """(nodes, live-in per node), by backward dataflow to the fixed point."""
+        """(nodes, live-in per node, live-out per node), by backward dataflow to the fixed point."""
         count = len(self.nodes)
         live_in = [frozenset()] * count
         preds = [[] for _ in range(count)]
@@ -287,12 +361,13 @@ class _Graph:
         while work:
             node = work.pop()
             out = frozenset().union(*(live_in[s] for s in self.succ[node]))
-            _, uses, defs = self.nodes[node]
+            _, uses, defs, _ = self.nodes[node]
             new_in = uses | (out - defs)
             if new_in != live_in[node]:
                 live_in[node] = frozenset(new_in)
                 work.extend(preds[node])
-        return self.nodes, live_in
+        live_out = [frozenset().union(*(live_in[s] for s in successors)) for successors in self.succ]
+        return self.nodes, live_in, live_out
 
 
 def _uses(node) -> set:

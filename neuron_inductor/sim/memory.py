@@ -2,7 +2,8 @@
 
 The real simulator does not check capacity; this one does. Each on-chip `nl.ndarray`
 reserves `prod(shape[1:]) * itemsize` bytes on every partition (the allocator hands out
-an address range that spans all partitions, whatever the tile's partition count) and
+an address range that spans all partitions, whatever the tile's partition count) at its
+first write (tensor.place: "an address at its first write", nki.compiler.Allocation) and
 gives them back when the last view of the tile is garbage-collected, or, when a new tile
 would not fit, at the last use of tiles no live variable reaches any more (liveness.py: the
 compiler frees a tile after its last read). A kernel that keeps every loop iteration's tile
@@ -10,7 +11,8 @@ alive (say, in a list it reads later) therefore really does use more SBUF.
 PSUM tiles take whole 2 KiB banks (so at most 8 live one-bank tiles): the bank is the unit
 matmul accumulates into, and the PSUM bank rule assumes tiles start on a bank boundary.
 Not modelled: SBUF alignment padding (sbuf_min_align is undocumented), fragmentation,
-and `address=` placement.
+`address=` placement, and tiles of fewer partitions sharing an address range side by side
+(AWS's RoPE test counts B * n_heads * S <= 73728 as fitting, which needs that for d_head 64).
 """
 
 from __future__ import annotations

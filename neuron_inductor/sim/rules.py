@@ -431,5 +431,5 @@ def capacity(pool, nbytes, what):
         name = pool.buffer_name.upper()
         raise NkiCapacityError(
             "nl.ndarray", f"live {name} bytes per partition <= {pool.capacity} on {pool.target_name}", live,
-            f"allocating {what} ({nbytes} B/partition) brings live {name} to {live} B/partition, "
+            f"allocating {what} ({nbytes} B/partition, at its first write) brings live {name} to {live} B/partition, "
             f"over the {pool.capacity} B/partition available on {pool.target_name}")

@@ -8,8 +8,13 @@ way around the caller's torch tensor (strided, expanded or permuted views includ
 without a copy: reads go through the view and writes land in the caller's memory.
 
 On-chip tiles keep dim 0 as the partition dim: an integer index there keeps a size-1
-dim (the NKI 0.6 rule; generators should emit slices anyway), and partition slices take
-step 1. Out-of-range slices raise instead of clamping.
+dim (the NKI 0.6 rule; generators should emit slices anyway), an on-chip view is never
+less than 2-D, and partition slices take step 1. Out-of-range slices raise instead of clamping.
+
+An on-chip tile takes its pool's bytes at its first write (`place`), not at `nl.ndarray`: the
+allocator "assigns an address to a tile at its first write and releases the address after its
+last read" (nki.compiler.Allocation), so a tile declared early and written late is not live
+in between.
 
 PSUM allocations also track which elements have been written, for nc_matmul's
 accumulate rules: a flag for "none" / "all" and a bool mask only while partially written.
@@ -52,12 +57,14 @@ UNWRITTEN, PARTLY_WRITTEN, WRITTEN = 0, 1, 2
 class Allocation:
     """One piece of storage; gives its bytes back to its pool when garbage-collected."""
 
-    __slots__ = ("storage", "pool", "nbytes", "written", "mask", "readonly", "f32", "f32_version", "__weakref__")
+    __slots__ = ("storage", "pool", "nbytes", "placed", "written", "mask", "readonly", "f32", "f32_version",
+                 "__weakref__")
 
     def __init__(self, storage: torch.Tensor, pool=None, nbytes: int = 0, readonly: bool = False):
         self.storage = storage
         self.pool = pool
         self.nbytes = nbytes
+        self.placed = pool is None  # on-chip: False until the first write takes the pool's bytes (place)
         self.written = UNWRITTEN
         self.mask = None
         self.readonly = readonly
@@ -66,7 +73,8 @@ class Allocation:
 
     def __del__(self):
         if self.pool is not None:
-            self.pool.release(self.nbytes, self)
+            if self.placed:
+                self.pool.release(self.nbytes, self)
             _recycle(self.storage)
 
 
@@ -423,7 +431,19 @@ def _checked_index(key: tuple, shape, on_chip: bool) -> tuple:
             if not 0 <= i < size:
                 raise NkiIndexError(f"index {k} out of range for dim {dim} of size {size}")
             index.append(slice(i, i + 1) if on_chip and dim == 0 else i)
+    if on_chip and ndim >= 2:
+        _keep_two_dims(index, ndim)
     return tuple(index)
+
+
+def _keep_two_dims(index: list, ndim: int) -> None:
+    """An on-chip view is always at least 2-D (NkiTensor.__getitem__ docs): when integer indices would
+    leave only the partition dim, the last one selects a size-1 slice instead (`t[:, k]` is [P, 1])."""
+    kept = ndim - len(index) + sum(type(k) is slice for k in index)
+    if kept >= 2:
+        return
+    last = max(dim for dim, k in enumerate(index) if type(k) is not slice)
+    index[last] = slice(index[last], index[last] + 1)
 
 
 def allocate(shape, dtype: dtypes.NkiDtype, buffer: Buffer, name: str, pool) -> NkiTensor:
@@ -434,11 +454,18 @@ def allocate(shape, dtype: dtypes.NkiDtype, buffer: Buffer, name: str, pool) -> 
         storage = torch.full(shape, fill, dtype=storage_dtype)
         return NkiTensor(storage, dtype, buffer, Allocation(storage), name)
     nbytes = pool.size_of(math.prod(shape[1:]) * dtype.itemsize)
-    pool.reserve(nbytes, name, shape, dtype)
     storage = _fresh_storage(shape, storage_dtype, fill)
-    alloc = Allocation(storage, pool, nbytes)
+    return NkiTensor(storage, dtype, buffer, Allocation(storage, pool, nbytes), name)
+
+
+def place(t: NkiTensor) -> None:
+    """The first write of on-chip tile `t`: its pool's bytes are taken now (or NkiCapacityError), and
+    from here on liveness.reclaim may free it. Writers call this when `t.alloc.placed` is False."""
+    alloc = t.alloc
+    pool = alloc.pool
+    pool.reserve(alloc.nbytes, t.name, tuple(alloc.storage.shape), t.dtype)
+    alloc.placed = True
     pool.track(alloc)
-    return NkiTensor(storage, dtype, buffer, alloc, name)
 
 
 _RAW_UINT32 = torch.uint32

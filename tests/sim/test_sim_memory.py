@@ -58,6 +58,7 @@ def keep_tiles(count, free, buffer=nl.sbuf):
         kept = []
         for _ in nl.affine_range(count):
             kept.append(nl.ndarray((128, free), nl.float32, buffer=buffer))
+            nisa.memset(kept[-1], 0.0)  # a tile takes its bytes at its first write
         return None
 
     return kernel
@@ -212,12 +213,17 @@ def test_a_name_rebound_each_iteration_frees_its_big_tile():
     assert torch.equal(kernel(torch.zeros(1)), torch.tensor([0.0, 1.0, 2.0, 2.0]).expand(128, 4))
 
 
+def _written_bank():
+    bank = nl.ndarray((128, BANK_F32), nl.float32, buffer=nl.psum)
+    nisa.memset(bank, 0.0)
+    return bank
+
+
 def test_tiles_held_by_an_expression_being_evaluated_count_as_live():
     @sim.jit
     def kernel():
-        kept = [nl.ndarray((128, BANK_F32), nl.float32, buffer=nl.psum) for _ in range(7)]
-        pair = (nl.ndarray((128, BANK_F32), nl.float32, buffer=nl.psum),
-                nl.ndarray((128, BANK_F32), nl.float32, buffer=nl.psum))  # the first waits on the stack
+        kept = [_written_bank() for _ in range(7)]
+        pair = (_written_bank(), _written_bank())  # the first waits on the stack
         nisa.memset(kept[0], 0.0)
         return pair
 
@@ -234,6 +240,7 @@ def test_tiles_referenced_from_outside_the_kernel_variables_stay_live():
         for _ in range(9):
             bank = nl.ndarray((128, BANK_F32), nl.float32, buffer=nl.psum)
             _STASH.append(bank)  # a module global: the kernel may read it anywhere
+            nisa.memset(bank, 0.0)
         return None
 
     try:
@@ -260,3 +267,92 @@ def test_a_tile_a_closure_reads_later_stays_live():
 
     with pytest.raises(sim.NkiCapacityError, match="live PSUM to 18432"):
         kernel()
+
+
+def _declared_early_written_late(dtype, read_early_after):
+    """Two tiles of 60% of SBUF each: `late` is declared first but written only after `early`'s last read
+    (or, with read_early_after, before it)."""
+    free = sim.get_target("trn2").sbuf_usable_bytes // dtype.itemsize * 3 // 5
+
+    def body(late, early, staged):
+        nisa.memset(early, 2.0)
+        nisa.tensor_copy(dst=staged, src=early[:, 0:1])
+        nisa.memset(late, 3.0)
+
+    def body_reading_early_after(late, early, staged):
+        nisa.memset(early, 2.0)
+        nisa.tensor_copy(dst=staged, src=early[:, 0:1])
+        nisa.memset(late, 3.0)
+        nisa.tensor_copy(dst=staged, src=early[:, 1:2])
+
+    steps = body_reading_early_after if read_early_after else body
+
+    @sim.jit
+    def kernel():
+        late = nl.ndarray((128, free), dtype)
+        early = nl.ndarray((128, free), dtype)
+        staged = nl.ndarray((128, 1), dtype)
+        steps(late, early, staged)
+        total = nl.ndarray((128, 1), dtype)
+        nisa.tensor_tensor(dst=total, data1=late[:, 0:1], data2=staged, op=nl.add)
+        out = nl.ndarray((128, 1), dtype, buffer=nl.shared_hbm)
+        nisa.dma_copy(dst=out, src=total)
+        return out
+
+    return kernel
+
+
+@pytest.mark.parametrize("dtype", [nl.float32, nl.bfloat16])
+def test_a_tile_takes_its_bytes_at_its_first_write_not_at_its_declaration(dtype):
+    """The allocator assigns an address at a tile's first write and frees it after its last read
+    (nki.compiler.Allocation): `late` and `early` are never live together, so they fit."""
+    out = _declared_early_written_late(dtype, read_early_after=False)()
+    assert torch.equal(out.float(), torch.full((128, 1), 5.0))
+
+
+@pytest.mark.parametrize("dtype", [nl.float32, nl.bfloat16])
+def test_a_tile_written_while_another_is_still_read_overflows_at_its_first_write(dtype):
+    with pytest.raises(sim.NkiCapacityError, match="at its first write"):
+        _declared_early_written_late(dtype, read_early_after=True)()
+
+
+_FIRST_WRITES = {
+    "memset": lambda dst, src, hbm: nisa.memset(dst, 0.0),
+    "iota": lambda dst, src, hbm: nisa.iota(dst=dst, pattern=[[1, 128]], offset=0, channel_multiplier=0),
+    "tensor_copy": lambda dst, src, hbm: nisa.tensor_copy(dst=dst, src=src),
+    "activation": lambda dst, src, hbm: nisa.activation(dst=dst, op=nl.exp, data=src),
+    "tensor_tensor": lambda dst, src, hbm: nisa.tensor_tensor(dst, src, src, nl.add),
+    "tensor_scalar": lambda dst, src, hbm: nisa.tensor_scalar(dst, src, nl.add, 1.0),
+    "tensor_reduce": lambda dst, src, hbm: nisa.tensor_reduce(dst=dst[:, 0:1], op=nl.add, data=src, axis=1),
+    "dma_copy": lambda dst, src, hbm: nisa.dma_copy(dst=dst, src=hbm),
+    "register_store": lambda dst, src, hbm: nisa.register_store(dst[0:1, 0:1], nisa.register_alloc(3)),
+    "nc_transpose": lambda dst, src, hbm: nisa.nc_transpose(dst=dst, data=src),
+    "nc_matmul": lambda dst, src, hbm: nisa.nc_matmul(dst, src, src),
+}
+
+
+@pytest.mark.parametrize("instruction", sorted(_FIRST_WRITES))
+def test_every_kind_of_write_takes_the_tiles_bytes(instruction):
+    """With the buffer full of live tiles, a fresh tile's first write overflows, whatever instruction
+    writes it (a write path that skipped tensor.place would let the kernel use bytes it has not got)."""
+    into_psum = instruction in ("nc_transpose", "nc_matmul")
+    usable = sim.get_target("trn2").sbuf_usable_bytes
+
+    @sim.jit
+    def kernel(x):
+        src = nl.ndarray((128, 128), nl.float32)
+        nisa.dma_copy(dst=src, src=x)
+        if into_psum:
+            kept = [nl.ndarray((128, BANK_F32), nl.float32, buffer=nl.psum) for _ in range(8)]
+            dst = nl.ndarray((128, 128), nl.float32, buffer=nl.psum)
+        else:
+            kept = [nl.ndarray((128, (usable - 512 - 256) // 4), nl.float32)]  # 256 B per partition left
+            dst = nl.ndarray((128, 128), nl.float32)
+        for t in kept:
+            nisa.memset(t, 0.0)
+        _FIRST_WRITES[instruction](dst, src, x)
+        nisa.memset(kept[0][:, 0:1], 1.0)  # `kept` is used after dst's first write: all of it stays live
+        return x
+
+    with pytest.raises(sim.NkiCapacityError, match="at its first write"):
+        kernel(torch.randn(128, 128))

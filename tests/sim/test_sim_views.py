@@ -54,6 +54,31 @@ def test_tile_views_write_through_and_keep_partition_dim():
     assert torch.equal(kernel(x), expected.reshape(128, 64))
 
 
+@pytest.mark.parametrize("dtype", [nl.float32, nl.bfloat16])
+def test_tile_views_stay_two_dimensional(dtype):
+    """On-chip views are always at least 2-D (NkiTensor.__getitem__ docs): `t[:, k]` is [P, 1], so a
+    kernel can slice its free dim again (AWS's attention_cte does `bounds[:, k][:num_p, :1]`)."""
+    x = torch.randn(128, 4, 8)
+    torch_dtype = torch.float32 if dtype is nl.float32 else torch.bfloat16
+
+    @sim.jit
+    def kernel(src):
+        t = nl.ndarray((128, 4, 8), dtype)
+        nisa.dma_copy(dst=t, src=src)
+        column = t[:, 1, 5]
+        assert column.shape == (128, 1) and t[:, 1, 5:6].shape == (128, 1)
+        assert t[3, 1, 5].shape == (1, 1) and t[..., 0][:, 2].shape == (128, 1)
+        assert t[:, 1].shape == (128, 8)  # two dims left: nothing kept
+        out = nl.ndarray((128, 1), dtype, buffer=nl.shared_hbm)
+        nisa.dma_copy(dst=out[:64], src=column[:64, :1])
+        nisa.dma_copy(dst=out[64:], src=column[64:])
+        return out
+
+    assert torch.equal(kernel(x.to(torch_dtype)), x.to(torch_dtype)[:, 1, 5:6])
+    hbm = copy_view(lambda t: t[:, 3, 2], (128,))(x)  # HBM keeps NumPy semantics: 1-D
+    assert torch.equal(hbm, x[:, 3, 2])
+
+
 def test_dtype_view_reinterprets_bits():
     x = torch.randn(16, 8).bfloat16()
 
