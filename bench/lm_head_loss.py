@@ -10,7 +10,10 @@ as Hugging Face's models do (the fused forward then writes them once, and the ba
 the logits for grad_h too, to add their cotangent). The kernels run in the NKI interpreter (at the
 default size this takes some minutes of CPU).
 
-    python bench/lm_head_loss.py [--rows 2048] [--hidden 2048] [--vocab 32000]
+    python bench/lm_head_loss.py [--rows 2048] [--hidden 2048] [--vocab 32000] [--lnc 1|2] [--variants fused,...]
+
+--lnc: physical cores the kernels split over (default: trn2's 2); --variants: which of unfused, fused,
+fused+logits to run (default: all three).
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ def loss_fn(vocab: int, return_logits: bool):
     return step
 
 
-def measure(rows: int, hidden: int, vocab: int, fused: bool, return_logits: bool = False) -> dict:
+def measure(rows: int, hidden: int, vocab: int, fused: bool, return_logits: bool = False, lnc: str = "auto") -> dict:
     generator = torch.Generator().manual_seed(0)
     h = torch.randn(rows, hidden, generator=generator).to(torch.bfloat16).requires_grad_()
     w = (torch.randn(vocab, hidden, generator=generator) / hidden ** 0.5).to(torch.bfloat16).requires_grad_()
@@ -44,16 +47,18 @@ def measure(rows: int, hidden: int, vocab: int, fused: bool, return_logits: bool
     torch._dynamo.reset()
     before = len(session.BUCKETS)
     with tempfile.TemporaryDirectory() as cache, config.patch(fallback="error", cache_dir=cache,
-                                                              fuse_lm_head_loss=fused):
+                                                              fuse_lm_head_loss=fused, lnc=lnc):
         out = torch.compile(loss_fn(vocab, return_logits), backend="neuron")(h, w, y)
         (out[0] if return_logits else out).backward()
     torch._dynamo.reset()
     families: dict = defaultdict(lambda: {"kernels": 0, "seconds": 0.0, "engines": defaultdict(float)})
     totals = {"seconds": 0.0, "tensor_flops": 0, "dma_bytes": 0, "logits_bytes": 0, "logits_tensors": 0}
+    launches = []
     for program in session.BUCKETS[before:]:
         meta = program.artifact.meta
         for kernel in meta["kernels"]:
             estimate = meta["estimates"][kernel["name"]]
+            launches.append((kernel["family"], estimate["seconds"], kernel["grid"]))
             families[kernel["family"]]["kernels"] += 1
             families[kernel["family"]]["seconds"] += estimate["seconds"]
             for engine, seconds in estimate["engine_seconds"].items():
@@ -65,7 +70,11 @@ def measure(rows: int, hidden: int, vocab: int, fused: bool, return_logits: bool
                 if math.prod(shape) == rows * vocab and shape[-1] == vocab:
                     totals["logits_tensors"] += 1
                     totals["logits_bytes"] += rows * vocab * getattr(torch, dtype.split(".")[-1]).itemsize
-    return {"families": dict(families), **totals}
+    return {"families": dict(families), "launches": launches, **totals}
+
+
+# name -> measure()'s (fused, return_logits)
+VARIANTS = {"unfused": (False, False), "fused": (True, False), "fused+logits": (True, True)}
 
 
 def main() -> None:
@@ -73,12 +82,16 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=2048)
     parser.add_argument("--hidden", type=int, default=2048)
     parser.add_argument("--vocab", type=int, default=32000)
+    parser.add_argument("--lnc", choices=("auto", "1", "2"), default="auto")
+    parser.add_argument("--variants", default=",".join(VARIANTS))
     args = parser.parse_args()
     useful = 6 * args.rows * args.hidden * args.vocab  # logits, grad_h, grad_W matmuls
-    results = {name: measure(args.rows, args.hidden, args.vocab, *how) for name, how in (
-        ("unfused", (False,)), ("fused", (True,)), ("fused+logits", (True, True)))}
+    chosen = args.variants.split(",")
+    if set(chosen) - set(VARIANTS):
+        parser.error(f"--variants takes a comma-separated subset of {', '.join(VARIANTS)}, not {args.variants!r}")
+    results = {name: measure(args.rows, args.hidden, args.vocab, *VARIANTS[name], lnc=args.lnc) for name in chosen}
     print(f"LM head + cross-entropy, forward and backward, bf16, N={args.rows} d={args.hidden} V={args.vocab} "
-          f"(trn2 cost model, sum over kernel launches)")
+          f"LNC={args.lnc} (trn2 cost model, sum over kernel launches)")
     print(f"{'':12} {'est. ms':>9} {'TensorE / useful':>17} {'HBM GB moved':>13} {'[N,V] tensors':>14} {'their GB':>9}")
     for name, r in results.items():
         print(f"{name:12} {r['seconds'] * 1e3:9.2f} {r['tensor_flops'] / useful:17.2f} {r['dma_bytes'] / 1e9:13.2f} "
@@ -88,8 +101,10 @@ def main() -> None:
         for family, f in sorted(r["families"].items(), key=lambda item: -item[1]["seconds"]):
             engines = ", ".join(f"{e} {t * 1e3:.2f}" for e, t in sorted(f["engines"].items(), key=lambda item: -item[1]))
             print(f"  {family:14} {f['kernels']:3d} kernel(s) {f['seconds'] * 1e3:9.2f} ms  (engines busy, ms: {engines})")
-    unfused = results["unfused"]
-    for name in ("fused", "fused+logits"):
+        print("  launches: " + ", ".join(f"{family} {seconds * 1e3:.3f} ms x{programs}"
+                                         for family, seconds, programs in r["launches"]) + " (x: programs)")
+    unfused = results.get("unfused")
+    for name in [n for n in ("fused", "fused+logits") if n in results and unfused]:
         r = results[name]
         print(f"\n{name} / unfused estimated time: {r['seconds'] / unfused['seconds']:.2f}; "
               f"[N, V] bytes written to HBM avoided: {(unfused['logits_bytes'] - r['logits_bytes']) / 1e9:.2f} GB")

@@ -146,14 +146,19 @@ def test_compiled_step_matches_eager(name, dtype, fresh_compile_state):
 def test_training_step_runs_three_vocabulary_matmuls_on_tensor_engine(fresh_compile_state):
     """The forward makes both gradients: TensorE does the logits, dlogits @ W and dlogits^T @ h
     (3 x 2NVd, plus the loss's row sums), counted from the step's instruction traces, with no
-    recompute; and a cotangent that is not 1 (the loss times 2.5) reaches both gradients."""
+    recompute; and a cotangent that is not 1 (the loss times 2.5) reaches both gradients. grad_W
+    is made in W's dtype (bf16): the backward's one kernel over [V, d] scales it, and no kernel
+    writes an fp32 [V, d]."""
     h, w, y = data(torch.bfloat16)
     fn = lambda h, w, y: PATTERNS["h @ W.t()"](h, w, y) * 2.5  # noqa: E731
     before = len(session.BUCKETS)
     loss, grads = compiled_step(fn, (h, w, y))
+    kernels = [k for p in session.BUCKETS[before:] for k in p.artifact.meta["kernels"]]
     flops = sum(p.artifact.meta["estimates"][k["name"]]["tensor_flops"]
                 for p in session.BUCKETS[before:] for k in p.artifact.meta["kernels"])
     assert flops == pytest.approx(3 * 2 * h.shape[0] * V * D, rel=0.01)
+    assert [(k["family"], dtype) for k in kernels for shape, dtype in zip(k["outputs"], k["output_dtypes"])
+            if shape == [V, D]] == [("lm_head_loss", "torch.bfloat16"), ("pointwise", "torch.bfloat16")]
     expected, expected_grads = eager_step(fn, (h, w, y))
     # a bf16 loss: eager rounds each log-probability to bf16 before the mean
     torch.testing.assert_close(loss, expected, rtol=2 ** -7, atol=2 ** -7)

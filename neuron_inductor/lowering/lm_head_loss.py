@@ -16,13 +16,19 @@ materialises the [N, V] logits: the kernels compute them one vocabulary chunk at
   per chunk from h, W and lse, rounded to h's dtype as eager's cast before its matmuls.
 - `lm_head_loss_with_grads` (training, reduction mean or sum; the loss is terminal, as in
   Liger-Kernel's fused linear cross-entropy): one forward kernel makes the loss and its gradients
-  for a cotangent of 1, grad_h and grad_W (fp32), with three [N, V, d] matmuls in all (logits,
-  dlogits @ W, dlogits^T @ h) and no recompute; the backward only scales them by the cotangent.
+  for a cotangent of 1, grad_h and grad_W (in h's and W's dtype, each rounded once from fp32
+  sums), with three [N, V, d] matmuls in all (logits, dlogits @ W, dlogits^T @ h) and no
+  recompute; the backward only scales them by the cotangent (one pass over [V, d] in W's dtype,
+  where an fp32 grad_W cost a read of 4 bytes per element and a cast).
   Per row block (as many rows as the SBUF panels hold): a pass over the vocabulary makes the
   logits and the online log-sum-exp, keeping the block's logits in a [block, V] HBM scratch; a
   second pass reads them back as dlogits, whose products with W's chunk (grad_h, accumulated in
   SBUF over the chunks) and with the block's h (grad_W's chunk, accumulated in PSUM over the
-  block's rows, then added into the fp32 grad_W over the blocks) are made at once.
+  block's rows, then added into an fp32 grad_W over the blocks, the last block's on chip) are
+  made at once.
+  Under LNC=2 it splits the vocabulary chunks over the programs (`_lnc_split`): each keeps its
+  grad_W rows whole, and two small exchanges through shared HBM (each behind a core_barrier)
+  combine the per-row log-sum-exp and sum grad_h's partials.
 - `lm_head_logits_loss` (the graph also uses the logits) returns the logits instead of
   unscaled_grad_h, written once as they are made; its backward reads them back (a [N, V] read in
   h's dtype is much cheaper than recomputing them), adds their cotangent to dlogits and computes
@@ -42,6 +48,7 @@ from torch.utils.flop_counter import register_flop_formula
 from .common import arg, result_values, val
 from .context import KIB, LoweringContext
 from .ir import KernelSpec, Unsupported
+from .lnc import plan_split
 from .registry import register_lowering
 
 REDUCTIONS = ("mean", "sum", "none")
@@ -98,21 +105,20 @@ def lm_head_loss_with_grads(hidden: torch.Tensor, weight: torch.Tensor, target: 
                             reduction: str, label_smoothing: float
                             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """lm_head_loss for training, reduction "mean" or "sum": (loss, grad_hidden, grad_weight), the
-    gradients (fp32) for a cotangent of 1; dlogits are rounded to hidden's dtype before their
-    matmuls, as eager's backward rounds them."""
+    gradients for a cotangent of 1, in hidden's and weight's dtypes (fp32 sums rounded once);
+    dlogits are rounded to hidden's dtype before their matmuls, as eager's backward rounds them."""
     if reduction not in GRAD_REDUCTIONS:
         raise ValueError(f"lm_head_loss_with_grads takes reduction {GRAD_REDUCTIONS}, not {reduction!r} "
                          "(a per-row cotangent must reach grad_W: use lm_head_loss)")
     loss, lse, count, logits = _loss(hidden, weight, target, ignore_index, reduction, label_smoothing)
     coef = _row_coefficients(torch.tensor(1.0), target, count, ignore_index, reduction)
     dlogits = _dlogits(logits, lse, target, ignore_index, coef, label_smoothing).to(hidden.dtype).float()
-    return loss, dlogits @ weight.float(), dlogits.t() @ hidden.float()
+    return loss, (dlogits @ weight.float()).to(hidden.dtype), (dlogits.t() @ hidden.float()).to(weight.dtype)
 
 
 @lm_head_loss_with_grads.register_fake
 def _(hidden, weight, target, ignore_index, reduction, label_smoothing):
-    return (hidden.new_empty((), dtype=torch.float32), hidden.new_empty(hidden.shape, dtype=torch.float32),
-            weight.new_empty(weight.shape, dtype=torch.float32))
+    return hidden.new_empty((), dtype=torch.float32), torch.empty_like(hidden), torch.empty_like(weight)
 
 
 @torch.library.custom_op("neuron_inductor::lm_head_logits_loss", mutates_args=())
@@ -220,14 +226,14 @@ def _save_grads(ctx, inputs, output):
     """Saves the forward's gradients (the backward scales them); only the loss has a gradient."""
     _, grad_hidden, grad_weight = output
     ctx.save_for_backward(grad_hidden, grad_weight)
-    ctx.dtypes = (inputs[0].dtype, inputs[1].dtype)
     ctx.mark_non_differentiable(grad_hidden, grad_weight)
 
 
 def _grads_backward(ctx, grad_loss, grad_grad_hidden, grad_grad_weight):
+    # one pointwise pass over each gradient, in its parameter's dtype (grad_loss is a 0-d fp32 tensor,
+    # which does not promote it)
     grad_hidden, grad_weight = ctx.saved_tensors
-    return ((grad_loss * grad_hidden).to(ctx.dtypes[0]), (grad_loss * grad_weight).to(ctx.dtypes[1]),
-            None, None, None, None)
+    return grad_loss * grad_hidden, grad_loss * grad_weight, None, None, None, None
 
 
 lm_head_loss_with_grads.register_autograd(_grads_backward, setup_context=_save_grads)
@@ -284,9 +290,9 @@ def plan(ctx: LoweringContext, rows: int, hidden: int, vocab: int, itemsize: int
                          w_chunk + chunk_tiles + hidden * 4),
         # gradients in the forward, the larger of its two passes: the second's h rows, fp32 grad_h
         # accumulator and the chunk's dlogits per row (the first's h^T is freed for them); W's rows
-        # per chunk (or the first pass's W^T) and grad_W's [P, d] fp32 slab
+        # per chunk (or the first pass's W^T), grad_W's [P, d] fp32 slab and its cast
         "grads_block": (k_tiles * (itemsize + 4) + chunk * itemsize / partitions + stats,
-                        w_chunk + chunk_tiles + hidden * 4),
+                        w_chunk + chunk_tiles + hidden * (4 + itemsize)),
     }
     sizes = {name: _row_block(ctx, rows, *panels[name]) for name in blocks}
     if "grads_block" in sizes:  # as few blocks as fit, of equal size: each streams W twice and adds into grad_W
@@ -332,14 +338,19 @@ def lower_lm_head_loss(ctx: LoweringContext, node: fx.Node) -> KernelSpec:
     w = val(weight)
     if grad_h_in_forward and (not w.is_contiguous() or w.storage_offset()):
         raise Unsupported("W is a strided view (its rows are gathered by address from its allocation)")
-    params = {"mode": "forward", "emit_logits": emit_logits, "reduction": reduction, "ignore_index": int(ignore_index),
+    params = {"mode": "forward", "row_split": None, "emit_logits": emit_logits, "reduction": reduction,
+              "ignore_index": int(ignore_index),
               "label_smoothing": _check_smoothing(label_smoothing),
               **plan(ctx, rows, dim, vocab, val(hidden).dtype.itemsize, ("forward_block",),
                      grad_h_in_forward=grad_h_in_forward)}
+    # softmax @ W's partial sums cross between the cores too (rescaled to the rows' max); with label
+    # smoothing so would sum(W): that forward stays on one core
+    params["split"] = None if grad_h_in_forward and params["label_smoothing"] else _lnc_split(ctx, params)
     # logits, and softmax @ W for the backward
     return KernelSpec("lm_head_loss", params, inputs=[hidden, weight, target],
                       outputs=outputs if emit_logits or grad_h_in_forward else outputs[:3],
-                      flops=(4 if grad_h_in_forward else 2) * rows * dim * vocab, index_bounds=target_bounds(vocab, ignore_index))
+                      flops=(4 if grad_h_in_forward else 2) * rows * dim * vocab, index_bounds=target_bounds(vocab, ignore_index),
+                      grid=ctx.lnc if params["split"] else 1)
 
 
 @register_lowering(torch.ops.neuron_inductor.lm_head_loss_with_grads.default)
@@ -348,12 +359,29 @@ def lower_lm_head_loss_with_grads(ctx: LoweringContext, node: fx.Node) -> Kernel
     rows, dim, vocab = _check(hidden, weight, target, reduction)
     if reduction not in GRAD_REDUCTIONS:
         raise Unsupported(f"reduction {reduction!r} (the gradients are made in the forward for mean or sum)")
-    params = {"mode": "forward_grads", "emit_logits": False, "has_grad_logits": False, "reduction": reduction,
+    params = {"mode": "forward_grads", "row_split": None, "emit_logits": False, "has_grad_logits": False,
+              "reduction": reduction,
               "ignore_index": int(ignore_index), "label_smoothing": _check_smoothing(label_smoothing),
               **plan(ctx, rows, dim, vocab, val(hidden).dtype.itemsize, ("grads_block",))}
+    params["split"] = _lnc_split(ctx, params)
     # the logits, dlogits @ W and dlogits^T @ h: no recompute
     return KernelSpec("lm_head_loss", params, inputs=[hidden, weight, target], outputs=result_values(node),
-                      flops=6 * rows * dim * vocab, index_bounds=target_bounds(vocab, ignore_index))
+                      flops=6 * rows * dim * vocab, index_bounds=target_bounds(vocab, ignore_index),
+                      grid=ctx.lnc if params["split"] else 1)
+
+
+def _lnc_split(ctx: LoweringContext, params: dict) -> dict | None:
+    """The kernels' LNC split: their vocabulary chunks, dealt out over the programs.
+
+    Vocabulary rather than rows, by what crosses between the cores (through shared HBM), for the
+    same halved TensorE work and the same W traffic per core: split by rows, each core would hold
+    a partial fp32 grad_W of all V rows, and summing them moves 2 x V x d x 4 bytes (0.5 GB at
+    d=2048, V=32000: ~1.4 ms of a core's DMA, which would take the DMA engines from 2.5 to ~3.9 ms
+    against TensorE's 5.3 ms, and needs a [V, d] fp32 scratch); split by vocabulary, grad_W stays
+    whole on each core, and what crosses is each row's softmax statistics (16 bytes) and grad_h's
+    partials, N x d x 4 bytes (16 MB at N=2048: ~0.05 ms). The second is smaller whenever V > N,
+    the usual case. None when there is one core or one chunk."""
+    return plan_split(ctx, {"vocab_chunks": params["vocab_chunks"]})
 
 
 @register_lowering(torch.ops.neuron_inductor.lm_head_loss_backward.default)
@@ -369,7 +397,18 @@ def lower_lm_head_loss_backward(ctx: LoweringContext, node: fx.Node) -> KernelSp
               "ignore_index": int(ignore_index), "label_smoothing": _check_smoothing(label_smoothing),
               **plan(ctx, rows, dim, vocab, val(hidden).dtype.itemsize,
                      ("grad_h_block", "grad_w_block") if grad_logits is not None else ("grad_w_block",))}
+    # LNC split, with no exchange: the grad_W pass by vocabulary chunks, grad_h by rows (row blocks
+    # of at most 1 / lnc of the rows given the logits, whose grad_h pass streams W once per block)
+    params["split"] = _lnc_split(ctx, params)
+    params["row_split"] = None
+    if params["split"]:
+        if grad_logits is not None:
+            share = _cdiv(_cdiv(rows, ctx.lnc), ctx.tile.partitions) * ctx.tile.partitions
+            params["grad_h_block"] = min(params["grad_h_block"], share)
+            params["row_split"] = {"loop": "grad_h_blocks", "count": _cdiv(rows, params["grad_h_block"])}
+        else:
+            params["row_split"] = {"loop": "row_tiles", "count": _cdiv(rows, ctx.tile.partitions)}
     # The grad_W pass recomputes the logits (or, given them, reads them; then a grad_h pass reads them too).
     extra = [grad_logits, logits] if logits is not None else [unscaled_grad_h]
     return KernelSpec("lm_head_loss", params, inputs=[grad_loss, hidden, weight, target, lse, count, *extra],
-                      outputs=result_values(node), flops=4 * rows * dim * vocab)
+                      outputs=result_values(node), flops=4 * rows * dim * vocab, grid=ctx.lnc if params["split"] else 1)

@@ -12,7 +12,9 @@ of columns). The shares are disjoint and cover the loop, and every store an iter
 block, so no two programs write the same output element (no races; a core_barrier only where a
 scatter's writes follow the other program's fill). The kernel
 reads nl.num_programs(0), so it is whole at any launch size (the `neuron` toolchain launches with
-the host's LNC).
+the host's LNC). The fused LM head + loss (lowering/lm_head_loss.py) deals out its vocabulary
+chunks, and its programs exchange data: per-row softmax statistics and grad_h's partial sums,
+through shared-HBM scratch behind nisa.core_barrier.
 """
 
 from __future__ import annotations
