@@ -26,7 +26,9 @@ PSUM tiles take whole 2 KiB banks (so at most 8 live one-bank tiles per quadrant
 the unit matmul accumulates into, and the PSUM bank rule assumes tiles start on a bank boundary.
 Not modelled: SBUF alignment padding (sbuf_min_align is undocumented) and fragmentation within
 a quadrant (bytes are counted, not placed at offsets); `address=` tiles (addressed.py) keep their
-own byte array and do not count here.
+own byte array and do not count here, so automatic tiles may overlap them. AWS's kernels address
+all of a buffer's tiles or none (mlp_tkg: `address=None if sbm.is_auto_alloc() else ...`), and the
+legacy nki.compiler.sbuf.auto_alloc docs require "all SBUF tensors in a kernel" to be one or the other.
 """
 
 from __future__ import annotations
@@ -64,7 +66,7 @@ class MemoryPool:
 
     def reserve(self, allocation, nbytes: int, partitions: int, name: str, shape: tuple, dtype) -> int:
         """Place `allocation` (`nbytes` per partition, already rounded by size_of, on `partitions`
-        partitions) for the tile `name` [shape] dtype; -> its start partition, or NkiCapacityError."""
+        partitions) for the tile `name` [shape] dtype, or raise NkiCapacityError."""
         span = self._first_fit(nbytes, partitions)
         if span is None:
             from . import liveness  # (it reads the running program's frames: only needed when full)
@@ -76,24 +78,28 @@ class MemoryPool:
             self.quadrants[q] += nbytes
         self.spans[id(allocation)] = span
         self.allocations[id(allocation)] = weakref.ref(allocation)
-        return span.start * QUADRANT
 
-    def candidates(self, partitions: int) -> list:
-        """The quadrant ranges a tile of `partitions` partitions may occupy, by start partition."""
-        count = max(1, -(-partitions // QUADRANT))
-        return [range(start // QUADRANT, start // QUADRANT + count)
-                for start in rules.legal_start_partitions(partitions)]
+    def held_at_starts(self, partitions: int) -> dict:
+        """{start partition: bytes per partition already held on the quadrants a tile of `partitions`
+        partitions would occupy from there} for each start the engines may access it from."""
+        return {start: max(self.quadrants[q] for q in _span(start, partitions))
+                for start in rules.legal_start_partitions(partitions)}
 
     def _first_fit(self, nbytes: int, partitions: int):
-        best, best_top = None, None
-        for span in self.candidates(partitions):
-            top = max(self.quadrants[q] for q in span)
-            if top + nbytes <= self.capacity and (best is None or top < best_top):
-                best, best_top = span, top
-        return best
+        held = self.held_at_starts(partitions)
+        start = min(held, key=held.get)  # the lowest free address (dicts keep the starts in order: ties to the lowest)
+        if held[start] + nbytes > self.capacity:
+            return None
+        return _span(start, partitions)
 
     def release(self, nbytes: int, allocation) -> None:
         span = self.spans.pop(id(allocation), ())
         for q in span:
             self.quadrants[q] -= nbytes
         self.allocations.pop(id(allocation), None)
+
+
+def _span(start: int, partitions: int) -> range:
+    """The quadrants a tile of `partitions` partitions started at partition `start` occupies."""
+    first = start // QUADRANT
+    return range(first, min(QUADRANTS, first + max(1, -(-partitions // QUADRANT))))

@@ -429,14 +429,12 @@ def kernel_output(t):
 
 
 def capacity(pool, nbytes, partitions, what):
-    """No legal start partition of `pool` has `nbytes` free per partition on all of a new tile's quadrants."""
-    spans = pool.candidates(partitions)
-    held = {span: max(pool.quadrants[q] for q in span) for span in spans}
+    """No start partition a new tile may take has `nbytes` free per partition on all its partitions."""
+    held = pool.held_at_starts(partitions)
     live = min(held.values()) + nbytes
     if live > pool.capacity:
         name = pool.buffer_name.upper()
-        ranges = ", ".join(f"at partitions {span.start * 32}-{span.start * 32 + partitions - 1}: {top} B held"
-                           for span, top in held.items())
+        ranges = ", ".join(f"at partitions {start}-{start + partitions - 1}: {top} B held" for start, top in held.items())
         raise NkiCapacityError(
             "nl.ndarray", f"live {name} bytes per partition <= {pool.capacity} on {pool.target_name}", live,
             f"allocating {what} ({nbytes} B/partition on {partitions} partitions, at its first write) brings live "
