@@ -16,7 +16,7 @@ each in a fresh subprocess with empty caches (goal: neuron no slower). Every num
 taken within one run: the machine may be shared, and absolute times move with its load.
 
     python bench/train_step.py [--seq 256] [--batch 4] [--repeats 3] [--threads 1] [--no-large] [--no-first-step]
-                               [--first-step-repeats 3]
+                               [--first-step-repeats 3] [--no-steady]
 """
 
 from __future__ import annotations
@@ -136,19 +136,21 @@ def main() -> None:
                              "like with like, the interpreter's kernels run on one thread")
     parser.add_argument("--no-large", action="store_true", help="skip the dim-1024 x seq-1024 bf16 steady step")
     parser.add_argument("--no-first-step", action="store_true", help="skip the first-step comparison with inductor")
+    parser.add_argument("--no-steady", action="store_true", help="skip the steady steps (the first-step comparison only)")
     parser.add_argument("--first-step-repeats", type=int, default=3,
                         help="side-by-side first steps (the ratio's median and spread are reported)")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    print("steady step, best of --repeats, compiled and eager taking turns; wall and CPU (process) time")
-    print(f"{'model':<28} {'dtype':<9} {'fallbacks':<12} {'TensorE/eager FLOPs':>20} {'NKI instr':>10} "
-          f"{'Trn2 est us':>12} {'interp s':>9} {'eager s':>8} {'wall ratio':>11} {'interp cpu':>11} {'eager cpu':>10} "
-          f"{'CPU ratio':>10}")
     runs = [("tiny 2x64", TINY, torch.float32, (args.batch, args.seq)),
-            ("tiny 2x64", TINY, torch.bfloat16, (args.batch, args.seq))]
-    if not args.no_large:
+            ("tiny 2x64", TINY, torch.bfloat16, (args.batch, args.seq))] if not args.no_steady else []
+    if not args.no_large and not args.no_steady:
         runs.append(("1 layer x 1024", LARGE, torch.bfloat16, LARGE_SHAPE))
+    if runs:
+        print("steady step, best of --repeats, compiled and eager taking turns; wall and CPU (process) time")
+        print(f"{'model':<28} {'dtype':<9} {'fallbacks':<12} {'TensorE/eager FLOPs':>20} {'NKI instr':>10} "
+              f"{'Trn2 est us':>12} {'interp s':>9} {'eager s':>8} {'wall ratio':>11} {'interp cpu':>11} {'eager cpu':>10} "
+              f"{'CPU ratio':>10}")
     for name, config, dtype, (batch, seq) in runs:
         r = measure(config, dtype, batch, seq, args.repeats if config is TINY else min(args.repeats, 2))
         compiled, eager = r["best"]["compiled"], r["best"]["eager"]

@@ -351,6 +351,7 @@ class GraphRunner:
         'error', else compile the plan again with that kernel's ops on the host; the caller runs the
         graph again from its inputs, which none of its kernels writes (compiler.rerunnable)."""
         self.programs.pop(plan.signature, None)
+        observe.on_program_dropped(program)
         self._cache().discard(self.key_parts(plan))
         if self.config.fallback == "error":
             raise violation

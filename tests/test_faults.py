@@ -32,6 +32,8 @@ import torch
 
 from neuron_inductor import cache as cache_module
 from neuron_inductor import config
+from neuron_inductor import observe
+from neuron_inductor.observe import session
 from neuron_inductor.cache import CompileCache, cache_stats
 from neuron_inductor.compiler import UNCHECKED
 from neuron_inductor.toolchain.simulator import KernelRuleViolation
@@ -389,6 +391,26 @@ def test_rule_violation_falls_back_to_eager_and_the_fixed_entry_is_cached(fresh_
     assert BROKEN_RULE in meta["fallbacks"][0]["reason"] and meta["kernels"]
     # written once every kernel had passed its first-use check, with each kernel's estimate
     assert UNCHECKED not in meta and set(meta["estimates"]) == {k["name"] for k in meta["kernels"]}
+
+
+def test_a_first_use_violation_leaves_the_session_as_if_lowered_safely_from_the_start(fresh_process, break_kernels,
+                                                                                      tmp_path):
+    """The failed program's bucket and dump folder go with it: the session and the dump hold one
+    bucket, index 0, with the re-lowered kernels only."""
+    break_kernels("softmax")
+    x, w = torch.randn(4, 33), torch.randn(33)
+    session.clear()
+    with config.patch(dump_dir=str(tmp_path / "dump")):
+        torch.testing.assert_close(torch.compile(_softmax_scale, backend="neuron")(x, w), _softmax_scale(x, w),
+                                   rtol=1e-5, atol=1e-6)
+    (bucket,) = session.BUCKETS
+    assert bucket.index == 0 and bucket.aot.buckets == [bucket] and bucket.source == "compiled"
+    assert [f["op"] for f in bucket.artifact.meta["fallbacks"]] == ["aten._softmax.default"]
+    assert [b["bucket"]["index"] for b in observe.report().buckets] == [0]
+    (folder,) = (p for p in (tmp_path / "dump").rglob("*_bucket*") if p.is_dir())
+    assert folder == bucket.folder and folder.name.endswith("_bucket0")
+    dumped = {p.stem for p in (folder / "kernels").glob("k*.py")}
+    assert dumped == set(bucket.artifact.kernel_sources) and not any("softmax" in name for name in dumped)
 
 
 def test_two_kernels_breaking_rules_both_end_up_on_the_host(fresh_process, break_kernels):

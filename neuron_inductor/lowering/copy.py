@@ -22,6 +22,7 @@ import torch.fx as fx
 from .common import arg, val
 from .context import LoweringContext, TileSizes
 from .ir import KernelSpec, Unsupported
+from .lnc import split_nest
 from .reduction import Dim, plan_copy
 from .registry import register_lowering
 
@@ -102,7 +103,26 @@ def _fill_pieces(tile: TileSizes, out_shape, inner_lo, inner_hi) -> list[dict]:
     return pieces
 
 
-def _spec(node: fx.Node, inputs: list, pieces: list[dict], fill=None, inplace: bool = False,
+def _deal_pieces(ctx: LoweringContext, pieces: list[dict]) -> bool:
+    """Deal the pieces' DMAs out over ctx.lnc programs (pieces are disjoint boxes of the destination, so
+    any deal is race-free): piece["split"] is the walked dim (lowering/lnc.py `split_nest`) whose boxes are
+    dealt, or, for a piece with nothing to split (one DMA) when the kernel splits, piece["deal"] is the
+    program index (modulo the launch) that issues it, round-robin from the last program on (the
+    split loops give program 0 their odd box). True when the kernel splits."""
+    for piece in pieces:
+        walked = [d for d in piece["dims"] if d["walked"]]
+        depth = split_nest(ctx, [[-(-d["extent"] // d["chunk"])] for d in walked])
+        piece["split"] = None if depth is None else walked[depth]["index"]
+    whole = [p for p in pieces if p["split"] is None]
+    split = len(whole) < len(pieces) or (ctx.lnc > 1 and len(whole) >= 2)
+    for number, piece in enumerate(whole):
+        piece["deal"] = ctx.lnc - 1 - number % ctx.lnc if split else None
+    for piece in pieces:
+        piece.setdefault("deal", None)
+    return split
+
+
+def _spec(ctx: LoweringContext, node: fx.Node, inputs: list, pieces: list[dict], fill=None, inplace: bool = False,
           dst_view=None) -> KernelSpec:
     """`dst_view`: the shape the pieces see the (fresh, contiguous) output as, if not its own."""
     out = val(node)
@@ -116,9 +136,11 @@ def _spec(node: fx.Node, inputs: list, pieces: list[dict], fill=None, inplace: b
     fill_tile = tuple(max(_tile_size(p, axis) for p in fills) for axis in "pf") if fills else None
     if fills:
         fill = int(fill) if out.dtype == torch.bool or not out.dtype.is_floating_point else float(fill)
+    split = _deal_pieces(ctx, pieces)
     params = {"pieces": pieces, "fill": fill, "fill_tile": fill_tile, "inplace": inplace,
               "dst_view": tuple(dst_view) if dst_view is not None else None}
-    return KernelSpec("copy", params, inputs, [node], inplace={0: 0} if inplace else {})
+    return KernelSpec("copy", params, inputs, [node], inplace={0: 0} if inplace else {},
+                      grid=ctx.lnc if split else 1)
 
 
 def _check_cast(src: torch.dtype, dst: torch.dtype) -> None:
@@ -130,7 +152,7 @@ def _check_cast(src: torch.dtype, dst: torch.dtype) -> None:
     raise Unsupported(f"copy casting {src} to {dst} (a DMA rounds instead of truncating / wrapping)")
 
 
-def _lower_copy(tile: TileSizes, node: fx.Node, inplace: bool) -> KernelSpec:
+def _lower_copy(ctx: LoweringContext, node: fx.Node, inplace: bool) -> KernelSpec:
     dst, src = node.args[0], node.args[1]
     if not isinstance(src, fx.Node):
         raise Unsupported("copy from a Python scalar")
@@ -138,21 +160,21 @@ def _lower_copy(tile: TileSizes, node: fx.Node, inplace: bool) -> KernelSpec:
         raise Unsupported(f"source dtype {val(src).dtype} has no on-chip equivalent")
     _check_cast(val(src).dtype, val(dst).dtype)
     inputs = [dst, src] if inplace else [src]
-    piece = _broadcast_piece(tile, val(dst).shape, val(src).shape, len(inputs) - 1)
-    return _spec(node, inputs, [piece], inplace=inplace)
+    piece = _broadcast_piece(ctx.tile, val(dst).shape, val(src).shape, len(inputs) - 1)
+    return _spec(ctx, node, inputs, [piece], inplace=inplace)
 
 
 @register_lowering(aten.copy_.default)
 def lower_copy_(ctx: LoweringContext, node: fx.Node) -> KernelSpec:
     """copy_(dst, src): the kernel writes src (broadcast, cast) into its input 0 and returns nothing."""
-    return _lower_copy(ctx.tile, node, inplace=True)
+    return _lower_copy(ctx, node, inplace=True)
 
 
 @register_lowering(aten.copy.default)
 def lower_copy(ctx: LoweringContext, node: fx.Node) -> KernelSpec:
     """copy(dst, src): a new tensor like dst holding src broadcast to dst's shape, cast to its dtype
     (dst's values are not read, so the kernel takes src only)."""
-    return _lower_copy(ctx.tile, node, inplace=False)
+    return _lower_copy(ctx, node, inplace=False)
 
 
 # Elementwise copies that are data movement only when the group holds nothing else.
@@ -179,7 +201,7 @@ def lower_lone_copy(ctx: LoweringContext, node: fx.Node) -> KernelSpec:
     """A `lone_copy` node as a copy kernel: HBM -> HBM DMAs of `plan_copy`'s boxes."""
     src = node.args[0]
     piece = _broadcast_piece(ctx.tile, val(node).shape, val(src).shape, 0)
-    return _spec(node, [src], [piece])
+    return _spec(ctx, node, [src], [piece])
 
 
 @register_lowering(aten.cat.default)
@@ -201,7 +223,7 @@ def lower_cat(ctx: LoweringContext, node: fx.Node) -> KernelSpec:
         offset += shape[dim]
     if not inputs:
         raise Unsupported("cat of empty tensors only")
-    return _spec(node, inputs, pieces)
+    return _spec(ctx, node, inputs, pieces)
 
 
 @register_lowering(aten.constant_pad_nd.default)
@@ -220,7 +242,7 @@ def lower_constant_pad_nd(ctx: LoweringContext, node: fx.Node) -> KernelSpec:
         hi[d] = lo[d] + max(src_hi[d] - src_lo[d], 0)
     pieces = _fill_pieces(ctx.tile, list(val(node).shape), lo, hi)
     pieces.append(_piece(ctx.tile, [h - l for l, h in zip(lo, hi)], lo, 0, src_lo))
-    return _spec(node, [node.args[0]], pieces, fill=value)
+    return _spec(ctx, node, [node.args[0]], pieces, fill=value)
 
 
 @register_lowering(aten.slice_scatter.default)
@@ -249,7 +271,7 @@ def lower_slice_scatter(ctx: LoweringContext, node: fx.Node) -> KernelSpec:
         if count > 1:
             pieces.append(_piece(ctx.tile, gap_shape, gap_lo, 0, gap_lo, steps, steps))
     pieces.append(_piece(ctx.tile, list(val(src).shape), lo, 1, steps=steps))
-    return _spec(node, [base, src], pieces)
+    return _spec(ctx, node, [base, src], pieces)
 
 
 @register_lowering(aten.flip.default)
@@ -261,7 +283,7 @@ def lower_flip(ctx: LoweringContext, node: fx.Node) -> KernelSpec:
     shape = list(x.shape)
     piece = {"source": 0, "dims": _walk(ctx.tile, shape, flipped), "dst": [_slice(d) for d in range(rank)],
              "src": [_slice(d, mode="flip" if d in flipped else "same") for d in range(rank)]}
-    return _spec(node, [node.args[0]], [piece])
+    return _spec(ctx, node, [node.args[0]], [piece])
 
 
 @register_lowering(aten.repeat.default)
@@ -279,4 +301,4 @@ def lower_repeat(ctx: LoweringContext, node: fx.Node) -> KernelSpec:
     repeat_dims = set(range(0, len(view), 2))
     piece = {"source": 0, "dims": _walk(ctx.tile, view, repeat_dims), "dst": [_slice(d) for d in range(len(view))],
              "src": src}
-    return _spec(node, [node.args[0]], [piece], dst_view=view)
+    return _spec(ctx, node, [node.args[0]], [piece], dst_view=view)

@@ -38,3 +38,12 @@ def split_row_tiles(ctx: LoweringContext, layout: dict) -> bool:
     """Whether a row-normalising kernel (lowering/norms.py) deals its row tiles out over ctx.lnc
     programs: each row tile reads and writes only its own rows, so any deal is race-free."""
     return ctx.lnc > 1 and len(layout["row_tiles"]) >= 2
+
+
+def split_nest(ctx: LoweringContext, levels: list[list[int | None]]) -> int | None:
+    """The level of a loop nest (outermost first) to deal out over ctx.lnc programs, by `plan_split`'s
+    rule over each level's iterations; a level is its variants' loop counts (None: one iteration
+    written out at render time, e.g. a ragged last chunk). None: nothing to split."""
+    counts = {str(depth): sum(count or 1 for count in variants) for depth, variants in enumerate(levels)}
+    split = plan_split(ctx, counts)
+    return None if split is None else int(split["loop"])

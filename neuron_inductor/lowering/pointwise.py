@@ -32,6 +32,7 @@ from . import copy
 from .common import bind_arguments, val
 from .context import LoweringContext
 from .ir import KernelSpec, Unsupported
+from .lnc import split_nest
 from .registry import LOWERINGS, register_lowering
 
 aten = torch.ops.aten
@@ -107,9 +108,31 @@ def lower_pointwise_group(ctx: LoweringContext, nodes: list[fx.Node], outputs: l
         return copy.lower_lone_copy(ctx, lone)
     program = build_program(nodes, outputs, shape, aliases)
     numel = math.prod(program.shape)
-    params = plan_kernel(program, ctx.tile)
+    params = plan_kernel(program, ctx.tile, ctx.lnc)
+    split = _deal_regions(ctx, params["regions"])
     flops = numel * sum(1 for i in program.instrs if i.kind != "cast")
-    return KernelSpec("pointwise", params, [inp.value for inp in program.inputs], list(outputs), flops=flops)
+    return KernelSpec("pointwise", params, [inp.value for inp in program.inputs], list(outputs), flops=flops,
+                      grid=ctx.lnc if split else 1)
+
+
+def _deal_regions(ctx: LoweringContext, regions: list[dict]) -> bool:
+    """Deal each region's loop nest out over ctx.lnc programs (lowering/lnc.py `split_nest`): sets
+    region["split"] (the level dealt out, None: not split) and, for a region with nothing to share in a
+    kernel that splits (a flat region's one-partition tail), region["on_last_program"]. Each variant
+    of the split level gets "deal", the index of its first iteration in the level. True when the
+    kernel splits."""
+    for region in regions:
+        depth = split_nest(ctx, [[v["count"] for v in level["variants"]] for level in region["levels"]])
+        region["split"] = depth
+        if depth is not None:
+            first = 0
+            for variant in region["levels"][depth]["variants"]:
+                variant["deal"] = first
+                first += variant["count"] or 1
+    split = any(region["split"] is not None for region in regions)
+    for region in regions:
+        region["on_last_program"] = split and region["split"] is None
+    return split
 
 
 @register_pointwise(aten.add.Tensor, aten.add.Scalar)
@@ -175,6 +198,14 @@ def _relu(b, a):
 @register_pointwise(aten.silu.default)
 def _silu(b, a):
     return b.act("silu", b.ref(a["self"]))
+
+
+@register_pointwise(aten.silu_backward.default)
+def _silu_backward(b, a):
+    # grad * silu'(x) with silu' = s * (1 + x * (1 - s)) as one ScalarE activation (silu_dx): decomposed,
+    # it is three fp32 tensor_tensor ops on VectorE (6 N cycles, the SwiGLU backward's bound)
+    derivative = b.act("silu_dx", b.ref(a["self"]), dtype="float32")
+    return b.alu("multiply", b.ref(a["grad_output"]), derivative)
 
 
 @register_pointwise(aten.gelu.default)

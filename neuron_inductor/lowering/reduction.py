@@ -43,6 +43,7 @@ import torch.fx as fx
 from .common import arg, result_values, val
 from .context import LoweringContext, TileSizes
 from .ir import KernelSpec, Unsupported
+from .lnc import split_nest
 from .registry import register_lowering
 
 aten = torch.ops.aten
@@ -294,6 +295,10 @@ def reduction_spec(ctx: LoweringContext, node: fx.Node, kind: str, reduced: set[
             raise Unsupported(f"variance of {count} elements with correction {correction} divides by <= 0")
         scale = 1.0 / (count - correction)
     index_dim = next((d.index for d in dims if d.reduced and d.extent > 1), None)
+    # output blocks are independent (each reduces all its reduced elements): deal them out over the LNC
+    blocks = [d for d in dims if not d.reduced and d.walked]
+    depth = split_nest(ctx, [[-(-d.extent // d.chunk)] for d in blocks])
+    split = None if depth is None else blocks[depth].index
     params = {
         "layout": layout,
         "view": view,
@@ -310,8 +315,10 @@ def reduction_spec(ctx: LoweringContext, node: fx.Node, kind: str, reduced: set[
         "transform": transform,
         "exponent": exponent,
         "root": root,
+        "split": split,
     }
-    return KernelSpec("reduction", params, [node.args[0]], outputs, flops=x.numel())
+    return KernelSpec("reduction", params, [node.args[0]], outputs, flops=x.numel(),
+                      grid=1 if split is None else ctx.lnc)
 
 
 # Overloads without a dim argument: they reduce every dim.

@@ -111,6 +111,7 @@ KEPT_WHOLE = [
     aten.nll_loss_backward.default,  # lowering/norms.py (cross-entropy)
     aten.embedding_dense_backward.default,  # lowering/indexing.py
     aten.silu.default,  # lowering/pointwise.py (one ScalarE activation)
+    aten.silu_backward.default,  # lowering/pointwise.py (ScalarE's silu_dx and one multiply)
     aten._scaled_dot_product_flash_attention_for_cpu.default,  # lowering/attention.py
 ]
 # Not in the core table at all, listed so the reader sees the whole picture: _softmax, _log_softmax,

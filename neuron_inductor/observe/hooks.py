@@ -5,6 +5,8 @@
   `GraphRecord`);
 - `on_program_compiled(record, args)`: a bucket was compiled or loaded (a `ProgramRecord`: the
   plan, the cache key and its parts, the graphs and the program);
+- `on_program_dropped(program)`: the runtime dropped a program whose kernel broke a hardware rule at
+  its first use (its plan is lowered again);
 - `on_run(record, args, execute)`: runs a call; on a program's first call (the runtime hands its
   record with it) it also captures kernel tensors for the dump, shows progress, verifies against
   eager and finishes the bucket's report. Later calls (record None) just run.
@@ -18,6 +20,7 @@ the pipeline goes on. Only the errors that are the point of a feature propagate:
 from __future__ import annotations
 
 import functools
+import shutil
 import time
 import weakref
 from typing import TYPE_CHECKING, Any, Callable, TypeVar
@@ -124,6 +127,8 @@ def _aot_graph(graph: GraphRecord) -> session.AotGraph:
 # The bucket of each program record whose program has not had its first call yet (weak: a record
 # the runtime dropped vanishes).
 _PENDING: "weakref.WeakKeyDictionary[ProgramRecord, session.CompiledBucket]" = weakref.WeakKeyDictionary()
+# The bucket of each program (for `on_program_dropped`).
+_BUCKET_OF: "weakref.WeakKeyDictionary[Program, session.CompiledBucket]" = weakref.WeakKeyDictionary()
 
 
 @_not_fatal
@@ -160,6 +165,21 @@ def on_program_compiled(record: ProgramRecord, args: list) -> None:
         _write_report(bucket)
         log.info("neuron_inductor: %s dumped to %s", bucket.label, bucket.folder)
     _PENDING[record] = bucket
+    _BUCKET_OF[program] = bucket
+
+
+@_not_fatal
+def on_program_dropped(program: Program) -> None:
+    """The runtime dropped `program`: one of its kernels broke a hardware rule at its first use
+    (compiler.FirstUseCheck) and its plan is lowered again. Its bucket (and dump folder) goes, so
+    that the session reads as if the plan had been lowered the safe way from the start."""
+    bucket = _BUCKET_OF.pop(program, None)
+    if bucket is None:
+        return
+    session.BUCKETS[:] = [b for b in session.BUCKETS if b is not bucket]
+    bucket.aot.buckets[:] = [b for b in bucket.aot.buckets if b is not bucket]
+    if bucket.folder is not None:
+        shutil.rmtree(bucket.folder, ignore_errors=True)
 
 
 def _shapes(args: list) -> list[list[int] | None]:

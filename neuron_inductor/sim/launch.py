@@ -16,6 +16,7 @@ allocation of every program is one tensor).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import itertools
 import os
@@ -92,9 +93,10 @@ def run(func, grid, args, kwargs, platform_target=None, replay=False):
     if tracing.ACTIVE:
         tracing.begin_launch()
     if replay and not numpy_mode:
-        return replays.run(func, args, kwargs, grid, platform_target,
-                           lambda: _launch(func, grid, args, kwargs, platform_target),
-                           lambda result: _unwrap(result, False))
+        with kernel_threads():  # (making a replay plan is the kernel's work too)
+            return replays.run(func, args, kwargs, grid, platform_target,
+                               lambda: _launch(func, grid, args, kwargs, platform_target),
+                               lambda result: _unwrap(result, False))
     return _unwrap(_launch(func, grid, args, kwargs, platform_target), numpy_mode)
 
 
@@ -103,14 +105,22 @@ def _launch(func, grid, args, kwargs, platform_target):
     args = tuple(_wrap(a) for a in args)
     kwargs = {k: _wrap(v) for k, v in kwargs.items()}
     target = get_target(platform_target)
-    threads, previous_threads = _kernel_threads(), torch.get_num_threads()
-    if threads and threads != previous_threads:
-        torch.set_num_threads(threads)
-    try:
+    with kernel_threads():
         return cores.run_programs(func, args, kwargs, target, grid, func.__name__)
+
+
+@contextlib.contextmanager
+def kernel_threads():
+    """Torch's intra-op threads set to `_kernel_threads()` inside (restored after)."""
+    threads, previous = _kernel_threads(), torch.get_num_threads()
+    if not threads or threads == previous:
+        yield
+        return
+    torch.set_num_threads(threads)
+    try:
+        yield
     finally:
-        if threads and threads != previous_threads:
-            torch.set_num_threads(previous_threads)
+        torch.set_num_threads(previous)
 
 
 def _kernel_threads() -> int:

@@ -30,7 +30,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode_stack
 from torch.utils.weak import WeakIdKeyDictionary
 
-from . import op_replay_fills, tracing
+from . import op_replay_bindings, op_replay_fills, tracing
 
 MAX_OPS = 200_000  # recorded operations per kernel: bounds the generated function's size (larger: slow path)
 
@@ -315,14 +315,10 @@ def plan_for(recorder: Recorder, result, instructions: list) -> Plan | None:
     live = [op if i not in skipped else _as_empty(op) for i, op in enumerate(live)
             if i not in skipped or op.func is _FULL]
     calls, namespace = _calls(live, recorder, result_names, persistent, written)
-    slow = set()
-    for _ in range(3):  # Python bindings where they dispatch to the recorded operation, else the op itself
-        function = _generate(calls, recorder, result_template, result_names, namespace, slow)
-        wrong = _check_dispatch(function, calls, recorder.arg_tensors)
-        if wrong is None:
-            return Plan(function, instructions, {"recorded": len(ops), "replayed": len(calls), "guards": len(guards)})
-        slow.update(wrong)
-    return None
+    # Python bindings where they dispatch exactly the recorded operation, else the operation object
+    function = _generate(calls, recorder, result_template, result_names, namespace,
+                         _unfaithful_bindings(calls, recorder, namespace))
+    return Plan(function, instructions, {"recorded": len(ops), "replayed": len(calls), "guards": len(guards)})
 
 
 _FULL = torch.ops.aten.full.default
@@ -560,38 +556,35 @@ def _collect_names(template, found: set) -> None:
             _collect_names(t, found)
 
 
-class _DispatchCheck(TorchDispatchMode):
-    def __init__(self) -> None:
-        super().__init__()
-        self.funcs: list = []
+def _unfaithful_bindings(calls: list, recorder: Recorder, namespace: dict) -> set:
+    """The operations whose Python binding dispatches anything but them on one of their lines
+    (probed on meta tensors of the lines' layouts, op_replay_bindings)."""
+    bindings, slow = {}, set()
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.funcs.append(func)
-        return func(*args, **(kwargs or {}))
+    def spec(template):
+        if isinstance(template, _Ref):
+            name = template.name
+            if name[0] in "pi":  # a kept buffer, or a copy of its first value
+                t = namespace[name]
+                return op_replay_bindings.TensorSpec(tuple(t.shape), t.stride(), t.dtype)
+            if name[0] == "c":
+                return namespace[name]
+            _, shape, stride, _, dtype = recorder.layouts[name]
+            return op_replay_bindings.TensorSpec(shape, stride, dtype)
+        if isinstance(template, dict):
+            return {k: spec(v) for k, v in template.items()}
+        if isinstance(template, (tuple, list)):
+            return type(template)(spec(t) for t in template)
+        return template
 
-
-def _check_dispatch(function, calls: list, args: tuple):
-    """None if the generated function, run on copies of the arguments, dispatches exactly the
-    planned operations; else the first planned operation it did not (its line falls back to the
-    operation object)."""
-    copies = tuple(_same_layout_copy(a) for a in args)
-    check = _DispatchCheck()
-    try:
-        with check:
-            function(*copies)
-    except Exception:  # noqa: BLE001 - a binding that takes other arguments: found below by position
-        pass
-    for index, (planned, seen) in enumerate(zip(calls, check.funcs)):
-        if planned.func is not seen:  # (the binding before may have dispatched one more)
-            return {planned.func} | ({calls[index - 1].func} if index else set())
-    if len(check.funcs) != len(calls):
-        return {calls[min(len(check.funcs), len(calls) - 1)].func}
-    return None
-
-
-def _same_layout_copy(t: torch.Tensor) -> torch.Tensor:
-    """A copy of `t` in a storage like its own (the plan's views address the storage)."""
-    return torch.empty(0, dtype=t.dtype).set_(t.untyped_storage().clone(), t.storage_offset(), t.size(), t.stride())
+    for call in calls:
+        if call.func not in bindings:
+            bindings[call.func] = _binding(call.func)
+        binding = bindings[call.func]
+        if binding is not None and call.func not in slow and not op_replay_bindings.dispatches_exactly(
+                call.func, binding, spec(call.args), spec(call.kwargs)):
+            slow.add(call.func)
+    return slow
 
 
 def _same(a, b) -> bool:

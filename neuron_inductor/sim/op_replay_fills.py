@@ -33,7 +33,7 @@ def skippable(live: list, layouts: dict, caller_keys: set, persistent: dict) -> 
         if not op.view:
             for key in {*op.in_keys, *op.writes, *op.out_keys}:
                 touching.setdefault(key, []).append(index)
-    found, regions = set(), _Regions(layouts)
+    found = set()
     for index, op in enumerate(live):
         name = _filled(op)
         if name is None or (op.func is _FULL and name in persistent):
@@ -42,11 +42,9 @@ def skippable(live: list, layouts: dict, caller_keys: set, persistent: dict) -> 
         if key in caller_keys and op.func is not _FULL:
             continue
         root = name if op.func is _FULL else layouts[name][0]
-        region, size = regions.get(name, root), regions.storage_size(root)
         indices = touching[key]
         later = (live[i] for i in islice(indices, bisect.bisect_right(indices, index), None))
-        if region is not None and size is not None and _overwritten_before_read(
-                later, regions, key, root, region, size, key not in caller_keys):
+        if _overwritten_before_read(later, _Storage(layouts, root), key, name, key not in caller_keys):
             found.add(index)
     return found
 
@@ -60,37 +58,27 @@ def _filled(op):
     return None
 
 
-class _Regions:
-    """Regions of names in their roots' storages, each made once: (start, bool mask of the elements
-    from start on that the name addresses), so that work on a region costs its span, not its storage."""
+class _Storage:
+    """A root's storage as one bool per element (set: still holds the fill's value); each name's
+    elements are a strided view of it, so work on a name costs its elements, not its span."""
 
-    def __init__(self, layouts: dict) -> None:
-        self.layouts, self.made = layouts, {}
-
-    def get(self, name: str, root: str):
-        """The region, or None when unknown."""
-        key = (name, root)
-        if key not in self.made:
-            self.made[key] = _region(self.layouts, name, root)
-        return self.made[key]
-
-    def storage_size(self, root: str) -> int | None:
-        base = self.layouts.get(root)
+    def __init__(self, layouts: dict, root: str) -> None:
+        self.layouts, self.root = layouts, root
+        base = layouts.get(root)
         size = None if base is None else _extent(base[1], base[2], base[3])
-        return None if size is None or size > MAX_ELEMENTS else size
+        self.pending = None if size is None or size > MAX_ELEMENTS else torch.zeros(size, dtype=torch.bool)
 
-
-def _region(layouts: dict, name: str, root: str):
-    layout, base = layouts.get(name), layouts.get(root)
-    if layout is None or base is None or layout[0] != root or layout[4] != base[4]:
-        return None
-    sizes, strides, offset = layout[1], layout[2], layout[3]
-    span = _extent(sizes, strides, 0)
-    if span is None or span > MAX_ELEMENTS or any(st < 0 for st in strides):
-        return None
-    mask = torch.zeros(span, dtype=torch.bool)
-    mask.as_strided(sizes, strides, 0).fill_(True)
-    return offset, mask
+    def elements(self, name: str):
+        """`name`'s elements in the storage, or None when its layout is unknown here (another root or
+        dtype) or reaches past the storage."""
+        layout, base = self.layouts.get(name), self.layouts.get(self.root)
+        if layout is None or base is None or layout[0] != self.root or layout[4] != base[4]:
+            return None
+        sizes, strides, offset = layout[1], layout[2], layout[3]
+        end = _extent(sizes, strides, offset)
+        if end is None or end > self.pending.numel() or any(st < 0 for st in strides):
+            return None
+        return self.pending.as_strided(sizes, strides, offset)
 
 
 def _extent(sizes, strides, offset):
@@ -99,18 +87,17 @@ def _extent(sizes, strides, offset):
     return offset + 1 + sum((n - 1) * st for n, st in zip(sizes, strides))
 
 
-def _overwritten_before_read(later, regions: _Regions, key: int, root: str, filled: tuple, size: int,
-                             private: bool) -> bool:
-    """Whether the operations `later` overwrite every element of the `filled` region (of root's
-    storage, `key`, `size` elements) before reading one (a `private` storage's elements may also stay
-    unread to the end); a read through a layout not known here, or reaching past the storage,
-    counts as reading them all."""
-    start, mask = filled
-    if start + mask.numel() > size:
+def _overwritten_before_read(later, storage: _Storage, key: int, filled: str, private: bool) -> bool:
+    """Whether the operations `later` overwrite every element of the `filled` name (of the storage
+    `key`) before reading one (a `private` storage's elements may also stay unread to the end); a
+    read through a layout not known here, or reaching past the storage, counts as reading them all."""
+    if storage.pending is None:
         return False
-    pending = torch.zeros(size, dtype=torch.bool)
-    pending[start:start + mask.numel()] = mask
-    remaining = int(mask.count_nonzero())  # count_nonzero: several times faster than sum / any on bools
+    elements = storage.elements(filled)
+    if elements is None:
+        return False
+    elements.fill_(True)
+    remaining = int(storage.pending.count_nonzero())  # count_nonzero: several times faster than sum / any
     budget = MAX_FOLLOW_ELEMENTS
     for op in later:
         if key in op.out_keys and key not in op.in_keys:  # freed and made anew: the fill's values are gone
@@ -119,33 +106,36 @@ def _overwritten_before_read(later, regions: _Regions, key: int, root: str, fill
         for position, (name, read_key) in enumerate(zip(op.reads, op.in_keys)):
             if read_key != key or (overwrite and position == 0):
                 continue
-            window = _window(pending, regions.get(name, root))
-            if window is None or int((window[0] & window[1]).count_nonzero()):
+            read = storage.elements(name)
+            if read is None or int(read.count_nonzero()):
                 return False
-            budget -= window[1].numel()
+            budget -= read.numel()
         if key in op.writes:
             if not overwrite:
                 return False  # written by an operation that may read what it writes (out=, in place)
-            window = _window(pending, regions.get(op.reads[0], root))
-            if window is None:
+            written = storage.elements(op.reads[0])
+            if written is None:
                 return False
-            hit = window[0] & window[1]
-            remaining -= int(hit.count_nonzero())
-            window[0][hit] = False
+            if _distinct(written):
+                remaining -= int(written.count_nonzero())
+                written.fill_(False)
+            else:  # (a fill through a view with repeated elements: counted on the storage)
+                written.fill_(False)
+                remaining = int(storage.pending.count_nonzero())
             if remaining == 0:
                 return True
-            budget -= window[1].numel()
+            budget -= written.numel()
         if budget < 0:
             return False  # too costly to follow: the fill is kept
     return private
 
 
-def _window(pending: torch.Tensor, region):
-    """(the slice of `pending` a region spans, the region's mask), or None when the region is
-    unknown or reaches past the storage."""
-    if region is None:
-        return None
-    start, mask = region
-    if start + mask.numel() > pending.numel():
-        return None
-    return pending[start:start + mask.numel()], mask
+def _distinct(view: torch.Tensor) -> bool:
+    """Whether no two of the view's elements are one element of its storage (a sufficient test:
+    each dim's stride, smallest first, passes the farthest offset the dims before it reach)."""
+    reach = 0
+    for stride, size in sorted((st, n) for n, st in zip(view.shape, view.stride()) if n > 1):
+        if stride <= reach:
+            return False
+        reach += (size - 1) * stride
+    return True

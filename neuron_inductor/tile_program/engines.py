@@ -1,7 +1,7 @@
 """Balancing a resolved pointwise program between VectorE and ScalarE.
 
 Instruction selection puts every ALU op on VectorE and only activation functions on ScalarE, so a
-chain of tensor_tensor / tensor_scalar ops (the SiLU backward: grad * s * (1 + x * (1 - s))) is
+chain of tensor_tensor / tensor_scalar ops (the decomposed SiLU backward: grad * s * (1 + x * (1 - s))) is
 VectorE-bound while ScalarE idles. ScalarE's `activation(op=nl.copy, data, scale, bias)` computes
 copy(data * scale + bias) in fp32 (nki.isa.activation), the same arithmetic as these
 VectorE forms:

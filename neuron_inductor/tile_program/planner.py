@@ -94,9 +94,20 @@ def _view(var: str, source: str, shape=None, flat: int | None = None, window: tu
             "shape": None if shape is None else tuple(shape)}
 
 
-def plan_kernel(program: PointwiseProgram, tile: TileSizes) -> dict:
+def _column_limit(cols: int, free_limit: int, programs: int, alone: bool) -> int:
+    """The column chunk of a walk over `cols`: `free_limit`, or, when the columns are the only loop
+    that could be shared (`alone`) by `programs` > 1 LNC programs, small enough for one chunk each
+    (never under FREE_TILE_MIN: narrower tiles pay more per-instruction and per-DMA fixed cost than the
+    split saves)."""
+    if programs == 1 or not alone:
+        return free_limit
+    return min(free_limit, max(FREE_TILE_MIN, -(-cols // programs)))
+
+
+def plan_kernel(program: PointwiseProgram, tile: TileSizes, programs: int = 1) -> dict:
     """Template parameters: tiling regions, loads, resolved instructions and stores, for the
-    target whose tile sizes are `tile`."""
+    target whose tile sizes are `tile`, launched as `programs` LNC programs (lowering/pointwise.py
+    deals the loops out)."""
     shape = program.shape
     broadcast = [_broadcast_strides(inp, shape) for inp in program.inputs]
     out_strides = [math.prod(shape[d + 1:]) for d in range(len(shape))]
@@ -126,9 +137,10 @@ def plan_kernel(program: PointwiseProgram, tile: TileSizes) -> dict:
         regions = []  # an empty result: nothing to compute
     elif len(sizes) >= 2:
         grid = widen_rows(sizes, strides, extents, order, list(kinds.values()), tile.partitions, free_limit)
-        regions = [_grid_region(*grid, inputs, outputs, kinds, free_limit, tile.partitions)]
+        regions = [_grid_region(*grid, inputs, outputs, kinds, free_limit, tile.partitions, programs)]
     else:
-        regions = _flat_regions(sizes[0] if sizes else 1, inputs, outputs, kinds, free_limit, tile.partitions)
+        regions = _flat_regions(sizes[0] if sizes else 1, inputs, outputs, kinds, free_limit, tile.partitions,
+                                programs)
     for region in regions:
         region["instrs"] = resolved.instrs
         for store, src in zip(region["stores"], resolved.stores):
@@ -141,7 +153,8 @@ def _load(var: str, view: str, roles: list[str], inp: ProgramInput, kind: str) -
     return {"var": var, "view": view, "roles": roles, "dtype": dtype, "kind": kind}
 
 
-def _grid_region(sizes, strides, extents, order, whole, inputs, outputs, kinds, free_limit, partitions) -> dict:
+def _grid_region(sizes, strides, extents, order, whole, inputs, outputs, kinds, free_limit, partitions,
+                 programs) -> dict:
     """[lead..., rows, cols] in the dim order `order` (partitions.py): rows on partitions in tiles of
     `partitions`, cols on the free dim in large chunks; with a `whole` dim (widen_rows) each tile's
     free axis is that dim and the last one, both whole."""
@@ -151,7 +164,8 @@ def _grid_region(sizes, strides, extents, order, whole, inputs, outputs, kinds, 
                "variants": [{"count": sizes[d], "stride": None, "base": 0, "size": 1}]}
               for i, d in enumerate(lead)]
     if whole is None:
-        levels.append(_level("c", "c0", sizes[-1], free_limit))
+        alone = not lead and sizes[row] <= partitions
+        levels.append(_level("c", "c0", sizes[-1], _column_limit(sizes[-1], free_limit, programs, alone)))
     else:
         levels.append({"var": "c", "start": None, "variants": [{"count": None, "stride": None, "base": 0,
                                                                 "size": sizes[whole] * sizes[-1]}]})
@@ -187,7 +201,7 @@ def _grid_region(sizes, strides, extents, order, whole, inputs, outputs, kinds, 
             "partitions": levels[-1]["variants"][0]["size"], "iota": None}
 
 
-def _flat_regions(numel, inputs, outputs, kinds, free_limit, partitions) -> list[dict]:
+def _flat_regions(numel, inputs, outputs, kinds, free_limit, partitions, programs) -> list[dict]:
     """A 1-D iteration: [P, numel // P] plus a one-partition tail of numel % P elements (P = `partitions`)."""
     per_partition, tail = divmod(numel, partitions)
     parts = []
@@ -198,7 +212,8 @@ def _flat_regions(numel, inputs, outputs, kinds, free_limit, partitions) -> list
     regions = []
     for index, (start, rows, cols) in enumerate(parts):
         suffix = "" if len(parts) == 1 else ("_main", "_tail")[index]
-        levels = [_level("c", "c0", cols, free_limit), _level("r", "r0", rows, partitions)]
+        levels = [_level("c", "c0", cols, _column_limit(cols, free_limit, programs, True)),
+                  _level("r", "r0", rows, partitions)]
         views, loads = [], [[] for _ in range(len(levels) + 1)]
 
         def flat_view(name, logical, var):

@@ -22,7 +22,7 @@ import neuron_inductor.sim as sim
 from neuron_inductor.lowering import pointwise
 from neuron_inductor.sim import rules
 
-from .harness import CTX, aten_graph, as_tuple, call_kernel, load_kernel, widen_int64
+from .harness import CTX, aten_graph, as_tuple, call_kernel, compiled_forward_backward, load_kernel, widen_int64
 
 FP32 = dict(rtol=1e-5, atol=1e-6)
 FP32_COMPOSED = dict(rtol=1e-4, atol=1e-5)
@@ -377,12 +377,26 @@ def test_silu_backward_chain_bf16():
           randn(64, 513, dtype=torch.bfloat16), **BF16)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_compiled_silu_backward_stays_whole_and_matches_eager(dtype, tmp_path):
+    from neuron_inductor.decompositions import neuron_decompositions
+    assert torch.ops.aten.silu_backward.default not in neuron_decompositions()
+    x, grad = randn(130, 300, dtype=dtype), randn(130, 300, dtype=dtype)
+    out, x_grad = compiled_forward_backward(lambda t: F.silu(t) * 3, x, grad, tmp_path)
+    eager = x.detach().clone().requires_grad_()
+    (F.silu(eager) * 3).backward(grad)
+    tolerance = FP32_COMPOSED if dtype == torch.float32 else BF16
+    torch.testing.assert_close(out.float(), (F.silu(x) * 3).float(), **tolerance)
+    torch.testing.assert_close(x_grad.float(), eager.grad.float(), **tolerance)
+
+
 def test_instruction_count_is_small():
-    # [256, 512] contiguous coalesces to one [128, 1024] tile: two loads, one instruction per op, one store
-    # (the + 1 on ScalarE beside the silu: VectorE has the product, engines.py).
+    # [256, 512] contiguous coalesces to [128, 1024], one [128, 512] tile per LNC=2 program: two loads, one
+    # instruction per op, one store (the + 1 on ScalarE beside the silu: VectorE has the product, engines.py).
     trace = check(lambda x, y: F.silu(x) * y + 1, randn(256, 512), randn(256, 512), **FP32_COMPOSED)
-    ops = [i.op for i in trace.instructions]
-    assert ops == ["dma_copy", "dma_copy", "activation", "tensor_tensor", "activation", "dma_copy"]
+    for program in ((0,), (1,)):
+        ops = [i.op for i in trace.instructions if i.program_id == program]
+        assert ops == ["dma_copy", "dma_copy", "activation", "tensor_tensor", "activation", "dma_copy"]
 
 
 def test_is_pointwise_rejects_unsupported():
@@ -493,13 +507,14 @@ def test_short_rows_keep_their_layout_when_no_other_pays():
 # VectorE / ScalarE balance (tile_program/engines.py): fp32 and bf16, tile and ragged shapes.
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("shape", [(128, 512), (130, 77)], ids=str)
-def test_silu_backward_moves_affine_ops_to_scalar_engine(shape, dtype):
+def test_silu_backward_is_one_activation_and_one_product(shape, dtype):
     g, x = randn(*shape, dtype=dtype), randn(*shape, dtype=dtype)
     trace = check(lambda g, x: torch.ops.aten.silu_backward(g, x), g, x,
                   **(FP32_COMPOSED if dtype == torch.float32 else BF16))
     counts = trace.counts()
-    # sigmoid, 1 - s and (x * (1 - s)) + 1 on ScalarE; the three products on VectorE
+    # silu_dx(x) on ScalarE, grad * silu_dx(x) on VectorE, per tile (decomposed: three VectorE products)
     assert counts[("scalar", "activation")] == counts[("vector", "tensor_tensor")]
+    assert {engine for engine, _ in counts} == {"dma", "scalar", "vector"}
     assert ("vector", "tensor_scalar") not in counts
 
 

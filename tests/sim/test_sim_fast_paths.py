@@ -16,7 +16,7 @@ from neuron_inductor import sim
 from neuron_inductor.sim import copy_batching
 from neuron_inductor.sim import isa as nisa
 from neuron_inductor.sim import language as nl
-from neuron_inductor.sim import op_replay
+from neuron_inductor.sim import op_replay, op_replay_bindings
 from neuron_inductor.sim import replay as sim_replay
 from neuron_inductor.sim import tensor as sim_tensor
 from neuron_inductor.sim.errors import NkiIndexError
@@ -498,3 +498,67 @@ def test_kernels_replay_under_inference_mode_with_the_same_bits_and_trace(dtype,
         compiled(x, w, table, ids, q, k, v)
         assert _op_plans() >= 6
         _same_outputs_and_trace(lambda: compiled(x, w, table, ids, q, k, v), monkeypatch)
+
+
+# -- making a plan: binding probes on meta, the fill analysis, the kernel's threads -------------------
+
+_SPEC = op_replay_bindings.TensorSpec
+
+
+def test_a_binding_is_probed_on_meta_per_argument_kind():
+    """A binding is used only where it dispatches exactly the recorded overload: `torch.pow` takes
+    `pow.Tensor_Scalar` for a Python number but `pow.Tensor_Tensor` for a 0-d tensor, so a verdict
+    for one kind must not answer for the other."""
+    pow_scalar, x = torch.ops.aten.pow.Tensor_Scalar, _SPEC((128, 64), (64, 1), torch.bfloat16)
+    assert op_replay_bindings.dispatches_exactly(pow_scalar, torch.pow, (x, 2.0), {})
+    assert not op_replay_bindings.dispatches_exactly(pow_scalar, torch.pow, (x, torch.tensor(2.0)), {})
+    assert op_replay_bindings.dispatches_exactly(torch.ops.aten.pow.Tensor_Tensor, torch.pow, (x, torch.tensor(2.0)), {})
+    # another overload than the recorded one, and an operation meta cannot run: the operation object is used
+    assert not op_replay_bindings.dispatches_exactly(torch.ops.aten.mul.Scalar, torch.mul, (x, 2.0), {})
+    assert not op_replay_bindings.dispatches_exactly(torch.ops.aten.is_nonzero.default, torch.is_nonzero,
+                                                     (_SPEC((), (), torch.float32),), {})
+    # a factory's device becomes meta: a 16 GiB tile is probed without being made
+    full = torch.ops.aten.full.default
+    assert op_replay_bindings.dispatches_exactly(full, torch.full, ([1 << 16, 1 << 16], 0.0),
+                                                 {"dtype": torch.float32, "device": torch.device("cpu")})
+
+
+def test_making_a_plan_runs_no_math_on_the_data_and_uses_the_kernels_threads(monkeypatch):
+    """The binding check probes meta tensors (it used to run the plan on copies of the arguments),
+    and the plan is made with the kernel's torch threads, not the caller's (an OpenMP team of the
+    caller's size waits on descheduled threads on a busy machine: the fill analysis of a d=1024 step
+    took minutes)."""
+    sim_replay.forget()
+    seen = {"threads": [], "devices": set()}
+    skippable, probe = op_replay.op_replay_fills.skippable, op_replay_bindings._probe
+
+    def recording_skippable(*args):
+        seen["threads"].append(torch.get_num_threads())
+        return skippable(*args)
+
+    def recording_probe(func, binding, args, kwargs):
+        seen["devices"].update(a.device.type for a in args if isinstance(a, torch.Tensor) and a.dim())
+        return probe(func, binding, args, kwargs)
+
+    monkeypatch.setattr(op_replay.op_replay_fills, "skippable", recording_skippable)
+    monkeypatch.setattr(op_replay_bindings, "_probe", recording_probe)
+    monkeypatch.setattr(op_replay_bindings, "_VERDICTS", {})
+    previous = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        runs = _runs(_log_kernel, lambda call: torch.rand(4, 8, generator=torch.Generator().manual_seed(call)) + 0.5)
+    finally:
+        torch.set_num_threads(previous)
+    for (out, _, ops), (ref_out, _, ref_ops) in zip(runs[True], runs[False]):
+        assert ops == ref_ops and torch.equal(_bits(out), _bits(ref_out))
+    assert seen["threads"] == [1] and seen["devices"] == {"meta"}
+
+
+@pytest.mark.parametrize("sizes, strides, distinct", [
+    ((4, 8), (8, 1), True), ((8, 4), (1, 8), True), ((4, 1, 8), (8, 0, 1), True),  # a size-1 dim's stride is moot
+    ((4, 8), (0, 1), False), ((3, 3), (2, 1), False), ((2, 4), (16, 2), True),
+])
+def test_the_fill_analysis_counts_a_write_through_repeated_elements_on_the_storage(sizes, strides, distinct):
+    """fill_ / zero_ write through views that name one element twice (copy_ refuses them): such a
+    write's element count would overstate what it overwrote, so it is counted on the storage."""
+    assert op_replay.op_replay_fills._distinct(torch.zeros(64).as_strided(sizes, strides)) is distinct
