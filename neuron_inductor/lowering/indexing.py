@@ -14,11 +14,19 @@ cheaper, and logs both estimates:
 
 - `gather_indirect` (any table size): a gather is an indirect DMA, `dma_copy` from
   `table.ap(vector_offset=row numbers)`, which copies bits (exact for every dtype, inf / NaN
-  included). A scatter first writes zeros (or base) to the whole output, then per token tile
-  merges duplicate rows on chip (a [tokens, tokens] same-row mask) so that each indirect write
-  names a row once, as dma_compute requires: a scatter-add adds the merged sums (mask @ values in
-  fp32 PSUM) with `dma_compute`, a replacing scatter writes the last value of each row with
-  `dma_copy` (the last write wins, as in eager's sequential index_put on the CPU).
+  included). A scatter first writes zeros (or base) to the whole output in blocks of whole rows
+  with long contiguous runs (row_path.FillPlan), then merges duplicate rows on chip so that each
+  indirect write names a row once, as dma_compute requires. Per token tile (merge "tile", a
+  [tokens, tokens] same-row mask): a scatter-add adds the merged sums (mask @ values in fp32 PSUM)
+  with `dma_compute`, a replacing scatter writes the last value of each row with `dma_copy` (the
+  last write wins, as in eager's sequential index_put on the CPU). Over every token (merge "all",
+  a scatter-add with one index tensor and outer == 1, where row_path.scatter_merge finds it
+  cheaper): the first token of each row writes the sum of all of its tokens by `dma_copy` (onto a
+  base: adds it by `dma_compute`), so each row is written once and nothing is read back.
+  Under LNC > 1 (lowering/lnc.py) a gather deals its token tiles out over the programs; a scatter
+  with outer == 1 gives each program a contiguous range of output rows to fill and (merge "tile")
+  to write, tokens of other rows masked out, or (merge "all") the columns [col_lo, col_hi) of every
+  row, written after a core_barrier that lets both fills land.
 - `gather_rows` (tiny tables): the TensorE formulation, O(rows) per token tile:
     gather:       out[T, I]  = onehot(ids)[T, V] @ W[V, I]    (one-hot built transposed, [V, T])
     scatter-add:  dW[V, I]  += onehot(ids)^T[V, T] @ dY[T, I]  (duplicates accumulate in PSUM)
@@ -61,6 +69,7 @@ a gather sums each column's masked bits over the partitions with a ones matmul.
 from __future__ import annotations
 
 import math
+from dataclasses import asdict, replace
 
 import torch
 import torch.fx as fx
@@ -68,6 +77,7 @@ import torch.fx as fx
 from .common import arg, float32_bits, val
 from .context import LoweringContext, TileSizes
 from .ir import KernelSpec, Unsupported
+from .lnc import plan_split
 from . import row_path
 from .reduction import EXACT_INT_LIMIT, walk_dims
 from .registry import register_lowering
@@ -145,21 +155,43 @@ def _row_params(tile: TileSizes, mode: str, table: torch.Tensor, first: int, ind
             "index_sizes": shape[first:last], "row_strides": strides}
 
 
-def _row_path(ctx: LoweringContext, mode: str, table: torch.Tensor, first: int, indices: list[torch.Tensor], accumulate: bool = True):
-    """(family, params) of a row op: row_path picks one-hot matmuls or indirect DMA by the cost model."""
+def _row_path(ctx: LoweringContext, mode: str, table: torch.Tensor, first: int, indices: list[torch.Tensor],
+              accumulate: bool = True, base: bool = False):
+    """(family, params) of a row op: row_path picks one-hot matmuls or indirect DMA by the cost model;
+    an indirect one may split over the LNC programs (params "split") and, a scatter, says how it
+    fills its output ("fill") and merges duplicate rows ("merge")."""
     params = _row_params(ctx.tile, mode, table, first, indices)
     tokens = math.prod(torch.broadcast_shapes(*(i.shape for i in indices))) or 1
     op = row_path.RowOp(mode, params["outer"], params["rows"], params["inner"], tokens, table.element_size(),
-                        params["table_kind"], ctx.tile, accumulate)
+                        params["table_kind"], ctx.tile, accumulate, base)
     choice = row_path.choose(op, ctx.target)
     if choice.path == "indirect":
         params = _row_params(ctx.tile, mode, table, first, indices, op.indirect_chunk)
-        params["fill_chunk"] = min(op.fill_chunk, params["inner"])
+        params.update(_indirect_plan(ctx, op, params, len(indices)))
     return choice.family, params
 
 
-def _merge_flops(params: dict) -> int:
-    """TensorE FLOPs of gather_indirect's duplicate merge: a [t, t] @ [t, inner] matmul per tile."""
+def _indirect_plan(ctx: LoweringContext, op: row_path.RowOp, params: dict, index_tensors: int) -> dict:
+    """gather_indirect's LNC split, fill and merge. A gather deals its token tiles out over the
+    programs; a scatter with outer == 1 gives each program a contiguous range of output rows, which
+    it fills and alone writes (the tokens of other rows are masked out), so no two programs write
+    one element and no barrier is needed."""
+    if op.mode == "row_gather":
+        token_tiles = math.prod(math.ceil(d["extent"] / d["chunk"]) for d in params["dims"][1:-1])
+        return {"split": plan_split(ctx, {"token_tiles": token_tiles})}
+    split = plan_split(ctx, {"row_blocks": replace(op, programs=ctx.lnc).fill.blocks}) if op.outer == 1 else None
+    op = replace(op, programs=ctx.lnc if split else 1)
+    merge = row_path.scatter_merge(op, ctx.target) if index_tensors == 1 and op.outer == 1 else "tile"
+    return {"split": split, "merge": merge, "fill": asdict(op.fill), "tokens": op.tokens, "merge_group": op.merge_group}
+
+
+def _merge_flops(params: dict, partitions: int) -> int:
+    """TensorE FLOPs of gather_indirect's duplicate merge: per token tile, a [t, t] @ [t, inner]
+    matmul ("tile"), or one with every tile from it on ("all")."""
+    if params.get("merge") == "all":
+        p, n = partitions, params["tokens"]
+        sizes = [min(p, n - a) for a in range(0, n, p)]
+        return sum(2 * ta * sum(sizes[a:]) * params["inner"] for a, ta in enumerate(sizes))
     ids = [d for d in params["dims"][1:-1] if d["axis"] == "p"]
     tile = math.prod(d["chunk"] for d in ids)
     tokens = math.prod(d["extent"] for d in params["dims"][1:-1])
@@ -182,7 +214,7 @@ def _row_gather(ctx: LoweringContext, node: fx.Node, table: fx.Node, first: int,
     flops = 2 * params["outer"] * tokens * params["rows"] * params["inner"] if family == "gather_rows" else 0
     if family == "gather_indirect":
         params["padding_idx"] = -1  # (the template's row filter is shared with embedding's backward)
-    return KernelSpec(family, params, [table, *indices], [node], flops=flops,
+    return KernelSpec(family, params, [table, *indices], [node], flops=flops, grid=_grid(ctx, params),
                       index_bounds=_index_bounds(node, first, params["index_sizes"], from_end, error))
 
 
@@ -222,7 +254,7 @@ def _row_scatter(ctx: LoweringContext, node, base, first: int, indices: list, va
     """Rows of values [outer, *ids, inner] summed (accumulate) or placed into [outer, rows, inner];
     `error`: the exception an id out of range raises (None: not checked)."""
     ids, v, out = [val(i) for i in indices], val(values), val(node)
-    family, params = _row_path(ctx, "row_scatter", out, first, ids, accumulate)
+    family, params = _row_path(ctx, "row_scatter", out, first, ids, accumulate, base is not None)
     ids_shape = tuple(torch.broadcast_shapes(*(i.shape for i in ids)))
     expected = tuple(out.shape[:first]) + ids_shape + tuple(out.shape[first + len(ids):])
     # values may differ from the indexed shape by size-1 dims only (same elements in the same order)
@@ -236,9 +268,13 @@ def _row_scatter(ctx: LoweringContext, node, base, first: int, indices: list, va
     if family == "gather_rows":
         flops = 2 * v.numel() * params["rows"]
     else:
-        flops = _merge_flops(params) if accumulate else 0
+        flops = _merge_flops(params, ctx.tile.partitions) if accumulate else 0
     bounds = _index_bounds(node, first, params["index_sizes"], from_end, error) if error else None
-    return KernelSpec(family, params, inputs, [node], flops=flops, index_bounds=bounds)
+    return KernelSpec(family, params, inputs, [node], flops=flops, index_bounds=bounds, grid=_grid(ctx, params))
+
+
+def _grid(ctx: LoweringContext, params: dict) -> int:
+    return ctx.lnc if params.get("split") else 1
 
 
 @register_lowering(aten.embedding_dense_backward.default)

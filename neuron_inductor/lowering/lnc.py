@@ -6,8 +6,11 @@ or column blocks; attention: batches, heads, query tiles) gives each program of 
 (`_lnc.py.j2`; interleaved, so a causal kernel's short and long query tiles are dealt out alike).
 Row-normalising kernels (rms_norm, layer_norm forward, softmax), whose row tiles are unrolled at render time, deal the
 tiles out the same way: tile i runs on program i % nl.num_programs(0).
-The shares are disjoint and cover the loop, and every store an iteration makes lies inside its own
-block, so no two programs write the same output element (no races, no core_barrier). The kernel
+Indexing (gather_indirect, lowering/indexing.py) splits a row gather's token tiles the same way, and
+gives each program of a row scatter a contiguous range of output rows (or, after a core_barrier,
+of columns). The shares are disjoint and cover the loop, and every store an iteration makes lies inside its own
+block, so no two programs write the same output element (no races; a core_barrier only where a
+scatter's writes follow the other program's fill). The kernel
 reads nl.num_programs(0), so it is whole at any launch size (the `neuron` toolchain launches with
 the host's LNC).
 """

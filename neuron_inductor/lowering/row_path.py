@@ -15,14 +15,17 @@ sizes, dtypes and DMA bytes, as the interpreter would record them) and prices th
 dominant instructions, not every one: `tests/kernels/test_gather_indirect.py` checks it against the
 traced estimate of the rendered kernels.
 
-`forced(path)` overrides the choice inside a block (tests and bench/embedding.py run both paths).
+`forced(path)` overrides the choice inside a block (tests and bench/embedding.py run both paths);
+`forced_merge(merge)` that of a row scatter-add's duplicate merge (`scatter_merge`: "tile" or "all",
+gather_indirect.py.j2), and `fill_plan` lays out a row scatter's fill of its output.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, replace
 from typing import Iterator
 
 from .. import sim
@@ -43,19 +46,79 @@ INDIRECT_FMAX = FREE_MAX // 2
 FAMILIES = {("onehot", "row"): "gather_rows", ("onehot", "lane"): "gather_lanes",
             ("indirect", "row"): "gather_indirect", ("indirect", "lane"): "gather_indirect"}
 
+MERGES = ("tile", "all")
+
 _forced: list[str] = []
+_forced_merge: list[str] = []
 
 
 @contextlib.contextmanager
-def forced(path: str) -> Iterator[None]:
-    """Make every row op inside the block take `path` ("onehot" or "indirect")."""
-    if path not in PATHS:
-        raise ValueError(f"row op path {path!r} is not one of {', '.join(PATHS)}")
-    _forced.append(path)
+def _forcing(stack: list, value: str, allowed: tuple, what: str) -> Iterator[None]:
+    if value not in allowed:
+        raise ValueError(f"{what} {value!r} is not one of {', '.join(allowed)}")
+    stack.append(value)
     try:
         yield
     finally:
-        _forced.pop()
+        stack.pop()
+
+
+def forced(path: str):
+    """Make every row op inside the block take `path` ("onehot" or "indirect")."""
+    return _forcing(_forced, path, PATHS, "row op path")
+
+
+def forced_merge(merge: str):
+    """Make every indirect row scatter-add inside the block merge its duplicates by `merge` ("tile"
+    or "all") where that merge applies."""
+    return _forcing(_forced_merge, merge, MERGES, "row scatter merge")
+
+
+# bytes per partition of one fill DMA: a 32 KiB run reaches 99.2% of the DMA bandwidth by the cost
+# model's size rule (b / (b + 256 B)), against 94% for a 4 KiB table row (the zeros tile is dead
+# after the fill: its SBUF is free again when the merge's tiles need it, sim/liveness.py)
+FILL_BYTES = 32 * 1024
+# the "all" merge keeps every token's values on chip: at most this many bytes per partition, and
+# at most this many tokens (its [tokens, tokens] id compares)
+MERGE_ALL_BYTES = 64 * 1024
+MERGE_ALL_TOKENS = 4096
+
+
+@dataclass(frozen=True)
+class FillPlan:
+    """How gather_indirect writes a row scatter's whole output [rows, inner] (zeros or base) before
+    its scatter: in blocks of `block_rows` whole rows, each block one [partitions, width] view of
+    its contiguous elements (DMAs of up to `chunk` columns: long contiguous runs, whatever the
+    row width), `full` such blocks and then `last_rows` rows (0: none) as [partitions,
+    last_rows * inner // partitions] and a [1, rest] remainder. Under an LNC split each program
+    writes a contiguous range of blocks and fills those rows."""
+
+    block_rows: int
+    width: int
+    chunk: int
+    full: int
+    last_rows: int
+
+    @property
+    def blocks(self) -> int:
+        return self.full + bool(self.last_rows)
+
+
+def fill_plan(rows: int, inner: int, partitions: int, itemsize: int, programs: int = 1) -> FillPlan:
+    """Blocks of whole rows whose elements split evenly over the partitions, up to FILL_BYTES per
+    partition; under a split, at least 4 blocks per program and as many for each where the rows allow."""
+    unit = partitions // math.gcd(inner, partitions)  # rows whose elements fill every partition evenly
+    unit_width = unit * inner // partitions
+    limit = max(1, FILL_BYTES // itemsize)
+    block_rows = unit * max(1, limit // unit_width)
+    if programs > 1:
+        # at least 4 blocks per program, their count a multiple of the programs (equal shares)
+        blocks = programs * max(4, math.ceil(math.ceil(rows / block_rows) / programs))
+        block_rows = min(block_rows, max(unit, math.ceil(rows / blocks / unit) * unit))
+    width = block_rows * inner // partitions
+    full, last_rows = divmod(rows, block_rows)
+    widest = width if full else max(1, last_rows * inner // partitions, last_rows * inner % partitions)
+    return FillPlan(block_rows, width, min(widest, limit), full, last_rows)  # (the zeros tile: the widest DMA)
 
 
 @dataclass(frozen=True)
@@ -71,8 +134,29 @@ class RowOp:
     table_kind: str         # gather_rows' TABLE_KINDS entry
     tile: TileSizes         # the target's tile sizes (LoweringContext.tile)
     accumulate: bool = True  # (lane_scatter: scatter_add)
+    base: bool = False      # a scatter onto a base (index_put) rather than zeros
+    programs: int = 1       # LNC programs the kernel splits over (a gather: token tiles; a scatter: output rows)
+    merge: str = "tile"     # a row scatter-add's duplicate merge: "tile" (per token tile, then dma_compute
+                            # adds) or "all" (over every token, then each row is written once by dma_copy)
 
-    fill_chunk = INDIRECT_FMAX  # column chunk of gather_indirect's zero / base fill
+    @property
+    def fill(self) -> FillPlan:
+        return fill_plan(self.outer * self.rows, self.inner, self.partitions, self.itemsize, self.programs)
+
+    @property
+    def merge_group(self) -> int:
+        """Columns of the "all" merge's values on chip at a time: every token's, within
+        MERGE_ALL_BYTES per partition, whole PSUM banks, at most one program's share."""
+        bank = self.psum_fmax
+        fitting = MERGE_ALL_BYTES // (math.ceil(self.tokens / self.partitions) * self.itemsize) // bank * bank
+        return max(bank, min(fitting, math.ceil(self.inner / self.programs)))
+
+    @property
+    def merge_all_fits(self) -> bool:
+        """Whether the "all" merge's on-chip tiles fit (one index tensor, outer == 1: lowering checks)."""
+        group_bytes = math.ceil(self.tokens / self.partitions) * self.psum_fmax * self.itemsize
+        return (self.accumulate and self.tokens <= MERGE_ALL_TOKENS and group_bytes <= MERGE_ALL_BYTES
+                and self.inner >= self.programs)  # (each program merges its share of the columns)
 
     @property
     def partitions(self) -> int:
@@ -286,12 +370,67 @@ def _row_onehot(op: RowOp, target) -> float:
     return _price(groups, target)
 
 
+def _fill_ops(op: RowOp) -> list:
+    """(count, [instruction]) groups of the fill (FillPlan) on the core with the most blocks."""
+    plan = op.fill
+    p = op.partitions
+    groups = [(1, [_op("gpsimd", "memset", p, plan.chunk)])]
+    pieces = [(math.ceil(plan.blocks / op.programs) - bool(plan.last_rows), p, plan.width)]
+    if plan.last_rows:
+        elements = plan.last_rows * op.inner
+        pieces += [(1, p, elements // p), (1, 1, elements % p)]
+    for count, partitions, width in pieces:
+        for cols, n in _chunks(width, plan.chunk):
+            groups.append((count * n, [_dma(partitions, cols, op.itemsize, hbm_side="shared_hbm")]))
+    return groups
+
+
+def _merge_all_ops(op: RowOp) -> list:
+    """The "all" merge: every token's ids on chip, per token tile a mask against every token (its
+    earlier repeats write nothing); per column group, every token's values and per tile a the
+    masks and merge matmuls with each tile from a on; under a split, this program's columns."""
+    p, n, width = op.partitions, op.tokens, math.ceil(op.inner / op.programs)
+    vdtype = _DTYPES.get(op.itemsize, "float32")
+    tiles = _chunks(n, p)
+    count = sum(c for _, c in tiles)
+    groups = [(1, [_dma(1, n, 4), _vector("tensor_copy", 1, n), _vector("tensor_scalar", 1, n)])]
+    for cols, m in _chunks(n, op.psum_fmax):
+        groups.append((m, [_matmul(1, p, cols), _vector("tensor_copy", p, cols)]))
+    for a in range(count):
+        t = min(p, n - a * p)
+        upto = a * p + t
+        groups.append((1, [_matmul(1, t, 1), _vector("tensor_copy", t, 1)] + [_vector("tensor_scalar", t, 1)] * 6
+                       + [_vector("tensor_scalar", t, upto), _op("gpsimd", "affine_select", t, upto),
+                          _vector("tensor_reduce", t, upto)]))
+    for gw, repeats in _chunks(width, op.merge_group):
+        for t, m in tiles:
+            groups.append((m * repeats, [_dma(t, gw, op.itemsize)]))
+        for a in range(count):
+            t = min(p, n - a * p)
+            later = count - a
+            mix = [_vector("tensor_scalar", p, t, vdtype)] * later
+            for cols, c in _chunks(gw, op.psum_fmax):
+                mix += ([_matmul(p, t, cols, vdtype)] * later + [_vector("tensor_copy", t, cols)]) * c
+            if op.base:  # the sum added to the base row: read, add, write
+                rmw = _dma(t, gw, 4, "dma_compute")
+                rmw.bytes, rmw.dma_run_bytes = t * gw * op.itemsize * 3, gw * op.itemsize
+                mix.append(rmw)
+            else:
+                mix.append(_dma(t, gw, op.itemsize))
+            groups.append((repeats, mix))
+    return groups
+
+
 def _row_indirect(op: RowOp, target) -> float:
     """gather_indirect's row ops (codegen_templates/gather_indirect.py.j2)."""
+    if op.mode == "row_scatter" and op.merge == "all":
+        return _price(_fill_ops(op) + _merge_all_ops(op), target)
     groups = []
     cchunks = _chunks(op.inner, op.indirect_chunk)
     vdtype = _DTYPES.get(op.itemsize, "float32")
     for t, tiles in _chunks(op.tokens, op.partitions):
+        if op.mode == "row_gather":
+            tiles = math.ceil(tiles / op.programs)  # the token tiles are dealt out
         per_tile = _ids(t, 5) + [_matmul(1, t, 1), _vector("tensor_copy", t, 1)]
         if op.mode == "row_scatter":
             per_tile += [_matmul(1, t, t), _vector("tensor_scalar", t, t), _op("gpsimd", "affine_select", t, t),
@@ -305,16 +444,25 @@ def _row_indirect(op: RowOp, target) -> float:
                 mix = [_vector("tensor_scalar", t, 1), _dma(t, cols, op.itemsize)]
                 if op.accumulate:
                     rmw = _dma(t, cols, 4, "dma_compute")
-                    rmw.bytes = t * cols * op.itemsize * 3
+                    rmw.bytes, rmw.dma_run_bytes = t * cols * op.itemsize * 3, cols * op.itemsize
                     mix += [_matmul(t, t, cols, vdtype), _vector("tensor_copy", t, cols), rmw]
                 else:
                     mix += [_dma(t, cols, op.itemsize)]
             groups.append((tiles * n * op.outer, mix))
     if op.mode == "row_scatter":
-        for vc, m in _chunks(op.outer * op.rows, op.partitions):
-            for cols, n in _chunks(op.inner, op.fill_chunk):
-                groups.append((m * n, [_dma(vc, cols, op.itemsize, hbm_side="shared_hbm")]))
+        groups += _fill_ops(op)
     return _price(groups, target)
+
+
+def scatter_merge(op: RowOp, target=None) -> str:
+    """The cheaper duplicate merge of a row scatter-add with one index tensor and outer == 1 ("all"
+    only where its tiles fit on chip), by the cost model."""
+    if not op.merge_all_fits:
+        return "tile"
+    if _forced_merge:
+        return _forced_merge[-1]
+    seconds = {merge: _row_indirect(replace(op, merge=merge), target) for merge in MERGES}
+    return min(seconds, key=seconds.get)
 
 
 # (path, row or lane op) -> the estimate of that kernel

@@ -27,6 +27,11 @@ from .errors import NkiError, NkiIndexError
 from .registers import VirtualRegister
 
 
+class NoData(NkiError, AttributeError):
+    """Reading an indirect view's `data`: an NkiError for a kernel that tries, an AttributeError for
+    code that asks whether it has one (hasattr: liveness.py's walk over a kernel's variables)."""
+
+
 class IndirectView(tensors.NkiTensor):
     """An NkiTensor whose addresses depend on index values: an operand of dma_copy only.
 
@@ -52,7 +57,7 @@ class IndirectView(tensors.NkiTensor):
 
     @property
     def data(self):
-        raise NkiError("an indirect view (.ap with scalar_offset / vector_offset) is a dma_copy operand only")
+        raise NoData("an indirect view (.ap with scalar_offset / vector_offset) is a dma_copy operand only")
 
     @property
     def shape(self) -> tuple:

@@ -9,6 +9,8 @@ unique indices are supported, as documented.
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from . import cores, isa, rules
@@ -83,10 +85,16 @@ def _read_modify_write(api, dst, srcs, unique_indices, oob_mode):
 
 def _recordable(t):
     """t as a trace operand: an indirect view has no data, so its shape comes from a meta tensor (its
-    allocation stays the view's, for the dependency chain)."""
+    allocation stays the view's, for the dependency chain). Its rows sit at indexed addresses, never
+    next to each other, so the meta tensor's rows are not adjacent either: the cost model's
+    contiguous run (tracing._contiguous_bytes) is one row's bytes, what one descriptor moves."""
     if not isinstance(t, IndirectView):
         return t
-    return tensors.NkiTensor(torch.empty(tuple(t.sizes), device="meta"), t.dtype, t.buffer, t.alloc, t.name)
+    sizes = tuple(t.sizes)
+    row = math.prod(sizes[1:])
+    strides = (row + 1,) + tuple(math.prod(sizes[d + 1:]) for d in range(1, len(sizes)))
+    meta = torch.empty_strided(sizes, strides, device="meta")
+    return tensors.NkiTensor(meta, t.dtype, t.buffer, t.alloc, t.name)
 
 
 def _check_oob(api, valid, oob_mode, bound):

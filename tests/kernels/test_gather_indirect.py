@@ -275,7 +275,8 @@ def test_estimates_track_the_traced_kernels(mode, vocab, ids_shape, width, dtype
         geometry = row_path.RowOp(mode, ids_shape[0], vocab, 1, ids_shape[1], dtype.itemsize, "", CTX.tile)
     else:
         geometry = row_path.RowOp(mode, spec.params["outer"], vocab, width, ids.numel(), dtype.itemsize,
-                                  spec.params["table_kind"], CTX.tile)
+                                  spec.params["table_kind"], CTX.tile, programs=spec.grid,
+                                  merge=spec.params.get("merge", "tile"))
     predicted = row_path.estimate(path, geometry)
     assert abs(predicted - traced) <= 0.35 * traced, (predicted, traced)
 

@@ -358,6 +358,29 @@ def test_every_kind_of_write_takes_the_tiles_bytes(instruction):
         kernel(torch.randn(128, 128))
 
 
+def test_an_indirect_view_held_in_a_variable_does_not_stop_the_freeing():
+    """The dataflow pass walks every variable's attributes; an indirect view has no `data` (reading
+    it is an error), which the walk must see as an attribute that is not there."""
+    usable = sim.get_target("trn2").sbuf_usable_bytes
+    free = usable // 4 * 3 // 4
+
+    @sim.jit
+    def kernel(table, ids):
+        out = nl.ndarray((128, 4), nl.float32, buffer=nl.shared_hbm)
+        idx = nl.ndarray((128, 1), nl.int32)
+        nisa.dma_copy(dst=idx, src=ids)
+        for i in range(2):
+            rows = table.ap(pattern=[[4, 128], [1, 4]], offset=0, vector_offset=idx, indirect_dim=0)
+            big = nl.ndarray((128, free), nl.float32)
+            nisa.memset(big, float(i))
+            nisa.dma_copy(dst=out, src=rows)
+        return out
+
+    table = torch.randn(300, 4)
+    ids = torch.randint(0, 300, (128, 1), dtype=torch.int32)
+    assert torch.equal(kernel(table, ids), table[ids[:, 0]])
+
+
 # ---------------------------------------------------------------------------- tiles of fewer partitions side by side
 
 USABLE = sim.get_target("trn2").sbuf_usable_bytes  # 208 KiB per partition
