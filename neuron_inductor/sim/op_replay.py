@@ -30,7 +30,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode_stack
 from torch.utils.weak import WeakIdKeyDictionary
 
-from . import op_replay_bindings, op_replay_fills, tracing
+from . import op_replay_bindings, op_replay_casts, op_replay_fills, op_replay_transposes, tracing
 
 MAX_OPS = 200_000  # recorded operations per kernel: bounds the generated function's size (larger: slow path)
 
@@ -315,6 +315,7 @@ def plan_for(recorder: Recorder, result, instructions: list) -> Plan | None:
     live = [op if i not in skipped else _as_empty(op) for i, op in enumerate(live)
             if i not in skipped or op.func is _FULL]
     calls, namespace = _calls(live, recorder, result_names, persistent, written)
+    calls = op_replay_transposes.routed(op_replay_casts.reused(calls, namespace, result_names, _Ref), namespace, _Ref)
     # Python bindings where they dispatch exactly the recorded operation, else the operation object
     function = _generate(calls, recorder, result_template, result_names, namespace,
                          _unfaithful_bindings(calls, recorder, namespace))
@@ -442,15 +443,6 @@ def _calls(live: list, recorder: Recorder, result_names: set, persistent: dict, 
     rename: dict = {}
     calls = []
 
-    def sub(template):
-        if isinstance(template, _Ref):
-            return _Ref(rename.get(template.name, template.name))
-        if isinstance(template, dict):
-            return {k: sub(v) for k, v in template.items()}
-        if isinstance(template, (tuple, list)):
-            return type(template)(sub(t) for t in template)
-        return template
-
     for name, buffer in persistent.items():
         namespace[f"p{name}"] = buffer
         rename[name] = f"p{name}"
@@ -478,10 +470,21 @@ def _calls(live: list, recorder: Recorder, result_names: set, persistent: dict, 
             continue
         if op.guard is not None:
             namespace[f"g{index}"] = op.guard[0]
-            calls.append(_Call(op.func, sub(op.args), sub(op.kwargs), None, (), guard=f"g{index}"))
+            calls.append(_Call(op.func, renamed(op.args, rename), renamed(op.kwargs, rename), None, (), guard=f"g{index}"))
             continue
-        calls.append(_Call(op.func, sub(op.args), sub(op.kwargs), op.outs if op.new_slots else None, op.new_slots))
+        calls.append(_Call(op.func, renamed(op.args, rename), renamed(op.kwargs, rename), op.outs if op.new_slots else None, op.new_slots))
     return _without_unread_views(calls, result_names), namespace
+
+
+def renamed(template, rename: dict):
+    """An argument template with the names in `rename` replaced."""
+    if isinstance(template, _Ref):
+        return _Ref(rename.get(template.name, template.name))
+    if isinstance(template, dict):
+        return {k: renamed(v, rename) for k, v in template.items()}
+    if isinstance(template, (tuple, list)):
+        return type(template)(renamed(t, rename) for t in template)
+    return template
 
 
 def _without_unread_views(calls: list, result_names: set) -> list:

@@ -370,8 +370,12 @@ def build_program(nodes: list[fx.Node], outputs: list[fx.Node], shape: tuple[int
         builder.env[node] = LOWERINGS[node.target].emit(builder, node_arguments(node))
     results = []
     for out in outputs:
-        if out not in builder.env:  # an output no node computes (a matmul epilogue's anchor): stored as read
-            builder.node_shape = tuple(int(s) for s in out.meta["val"].shape)
-            builder.env[out] = builder.ref(out)
+        if out not in builder.env:  # an output no node computes (a matmul epilogue's anchor): stored as read,
+            # through the input that already reads it (in any layout: a unit view), else a new one
+            read = next((inp.name for inp in builder.inputs if inp.value is out), None)
+            if read is None:
+                builder.node_shape = tuple(int(s) for s in out.meta["val"].shape)
+                read = builder.ref(out)
+            builder.env[out] = read
         results.append((out, builder.env[out]))
     return PointwiseProgram(shape, builder.inputs, builder.instrs, results)

@@ -276,3 +276,19 @@ def test_epilogue_of_an_unrelated_op_of_the_matmul_shape(dtype):
     spec = run_epilogue_case(lambda a, b, c: (a @ b, c.t() / 3), a, b, c)
     assert len(spec.outputs) == 2
 
+
+
+def test_epilogue_reading_the_returned_matmul_through_a_unit_view():
+    """gpt_oss's MoE: bmm [128, 1, 256] is returned and its squeeze is added to a gathered bias. The
+    program reads the matmul through the view and stores it as it is, from that one input (a second
+    input of the same value left the view's name undefined in the kernel: NameError)."""
+    a, b, c = randn(128, 1, 64), randn(128, 64, 256, seed=1), randn(128, 256, seed=2)
+    gm = aten_graph(lambda a, b, c: (lambda m: (m, m.squeeze(1) + c))(torch.bmm(a, b)), a, b, c)
+    nodes = {n.name: n for n in gm.graph.nodes}
+    spec = matmul.lower_matmul_with_epilogue(CTX, nodes["bmm"], [nodes["add"]], [nodes["bmm"], nodes["add"]],
+                                             {nodes["squeeze"]: nodes["bmm"]})
+    assert [n.name for n in spec.inputs].count("bmm") == 0  # the accumulator, not a load of the kernel's own output
+    results = as_tuple(load_kernel(spec)(*(graph_values(gm, [a, b, c])[n] for n in spec.inputs)))
+    references = float64_values(gm, [a, b, c])
+    for out, node in zip(results, spec.outputs):
+        assert_matches(out, references[node])

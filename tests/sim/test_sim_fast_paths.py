@@ -16,7 +16,7 @@ from neuron_inductor import sim
 from neuron_inductor.sim import copy_batching
 from neuron_inductor.sim import isa as nisa
 from neuron_inductor.sim import language as nl
-from neuron_inductor.sim import op_replay, op_replay_bindings
+from neuron_inductor.sim import op_replay, op_replay_bindings, op_replay_casts, op_replay_transposes
 from neuron_inductor.sim import replay as sim_replay
 from neuron_inductor.sim import tensor as sim_tensor
 from neuron_inductor.sim.errors import NkiIndexError
@@ -562,3 +562,143 @@ def test_the_fill_analysis_counts_a_write_through_repeated_elements_on_the_stora
     """fill_ / zero_ write through views that name one element twice (copy_ refuses them): such a
     write's element count would overstate what it overwrote, so it is counted on the storage."""
     assert op_replay.op_replay_fills._distinct(torch.zeros(64).as_strided(sizes, strides)) is distinct
+
+
+# -- transposing copies between tiles routed through a scratch (sim/op_replay_transposes.py) --------
+
+def _transpose_blocks(x):
+    """Transposes 128-column blocks of x on TensorE out of a wide SBUF tile (rows 1024 elements apart:
+    each transpose is a copy whose source steps 2 or 4 KiB), through PSUM, back to HBM."""
+    rows, cols = x.shape
+    out = nl.ndarray((cols, rows), dtype=x.dtype, buffer=nl.shared_hbm)
+    wide = nl.ndarray((rows, 1024), dtype=x.dtype, buffer=nl.sbuf)
+    nisa.dma_copy(dst=wide[:, 0:cols], src=x)
+    for c in nl.affine_range(cols // 128):
+        t_psum = nl.ndarray((128, rows), dtype=x.dtype, buffer=nl.psum)
+        nisa.nc_transpose(dst=t_psum, data=wide[:, 128 * c:128 * c + 128])
+        t = nl.ndarray((128, rows), dtype=x.dtype, buffer=nl.sbuf)
+        nisa.tensor_copy(dst=t, src=t_psum)
+        nisa.dma_copy(dst=out[128 * c:128 * c + 128, :], src=t)
+    return out
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows", [128, 100])  # on and off the partition tile
+def test_routed_transposes_replay_with_the_same_bits_and_trace(dtype, rows):
+    make = lambda call: torch.randn(rows, 256, generator=torch.Generator().manual_seed(call)).to(dtype)
+    runs = _runs(_transpose_blocks, make)
+    for (out, _, ops), (ref_out, _, ref_ops) in zip(runs[True], runs[False]):
+        assert ops == ref_ops and torch.equal(_bits(out), _bits(ref_out))
+    x = make(0)
+    assert torch.equal(_bits(runs[True][0][0]), _bits(x.t().contiguous()))
+    plans = [p for (f, _), p in sim_replay._PLANS.items() if f is _transpose_blocks]
+    assert isinstance(plans[-1], op_replay.Plan)
+    assert sum(name.endswith("_scratch") for name in plans[-1].function.__globals__) == 2  # one per transpose
+
+
+def _copy_call(dst: str, src: str):
+    return op_replay._Call(torch.ops.aten.copy_.default, (op_replay._Ref(dst), op_replay._Ref(src)), {}, None, ())
+
+
+def _run_calls(calls, namespace):
+    for call in calls:
+        call.func(*(namespace[a.name] for a in call.args))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_transposing_copies_route_only_between_separate_regions(dtype):
+    """Routed: a transpose out of a wide tile, also one that rounds fp32 to bf16 on the way (the
+    second step converts, element by element, as the direct copy did). Not routed: a source
+    overlapping its destination's storage extent, a copy that does not transpose, a small one."""
+    gen = torch.Generator().manual_seed(3)
+    wide = torch.randn(128, 1024, generator=gen) * 1e3 + 1 / 3  # values whose bf16 rounding shows
+    wide_d = wide.to(dtype)
+    nan = lambda shape, t=dtype: torch.full(shape, float("nan"), dtype=t)
+    cases = {  # name: (dst, src, routed)
+        "transpose": (nan((128, 128)), wide_d[:, 128:256].t(), True),
+        "converting": (nan((128, 128), torch.bfloat16), wide[:, 0:128].t(), True),
+        "3-d": (nan((2, 128, 128)), wide_d.view(128, 8, 128)[:, 2:4, :].permute(1, 2, 0), True),
+        "overlapping": (wide_d[:, 0:128], wide_d[:, 64:192].t(), False),
+        "not transposing": (nan((128, 128)), wide_d[:, 0:128], False),
+        "small": (nan((16, 16)), wide_d[0:16, 0:16].t(), False),
+    }
+    for name, (dst, src, routed) in cases.items():
+        namespace = {"pdst": dst, "psrc": src}
+        expected = dst.clone().copy_(src)
+        calls = op_replay_transposes.routed([_copy_call("pdst", "psrc")], namespace, op_replay._Ref)
+        assert len(calls) == (2 if routed else 1), name
+        if name != "overlapping":  # (left to torch's copy_ as recorded)
+            _run_calls(calls, namespace)
+            assert torch.equal(_bits(namespace["pdst"]), _bits(expected)), name
+
+
+# -- repeated casts of an unchanged tile reused (sim/op_replay_casts.py) -----------------------------
+
+def _stationary_reused(a, b):
+    """One stationary tile against three moving ones; before the last it is scaled in place, so
+    that matmul must see the new values (its cast of the tile may not be the first one's)."""
+    out = nl.ndarray((3, 128, 128), dtype=nl.float32, buffer=nl.shared_hbm)
+    s = nl.ndarray((128, 128), dtype=a.dtype, buffer=nl.sbuf)
+    m = nl.ndarray((128, 256), dtype=b.dtype, buffer=nl.sbuf)
+    nisa.dma_copy(dst=s, src=a)
+    nisa.dma_copy(dst=m, src=b)
+    for j in range(3):
+        if j == 2:
+            nisa.tensor_scalar(dst=s, data=s, op0=nl.multiply, operand0=3.0)
+        p = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.psum)
+        nisa.nc_matmul(dst=p, stationary=s, moving=m[:, 128 * (j % 2):128 * (j % 2) + 128], accumulate=False)
+        t = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_copy(dst=t, src=p)
+        nisa.dma_copy(dst=out[j], src=t)
+    return out
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_reused_casts_replay_with_the_same_bits_and_trace(dtype):
+    found = {}
+    for replay in (True, False):
+        kernel = sim.Kernel(_stationary_reused, replay=replay)
+        found[replay] = []
+        for call in range(3):
+            gen = torch.Generator().manual_seed(call)
+            a, b = torch.randn(128, 128, generator=gen).to(dtype), torch.randn(128, 256, generator=gen).to(dtype)
+            out, ops = _traced(lambda: kernel(a, b))
+            found[replay].append((out.clone(), ops))
+    for (out, ops), (ref_out, ref_ops) in zip(found[True], found[False]):
+        assert ops == ref_ops and torch.equal(_bits(out), _bits(ref_out))
+    out = found[True][-1][0]
+    assert not torch.equal(out[2], out[0])  # the scaled tile was used
+
+
+def _cast(out: str, src: str):
+    return op_replay._Call(torch.ops.aten._to_copy.default, (op_replay._Ref(src),), {"dtype": op_replay._Ref("c0")},
+                           op_replay._Ref(out), (out,))
+
+
+def _read(*names):
+    refs = tuple(op_replay._Ref(n) for n in names)
+    return op_replay._Call(torch.ops.aten.add.Tensor, refs, {}, op_replay._Ref("vsum"), ("vsum",))
+
+
+def _in_place(name: str):
+    return op_replay._Call(torch.ops.aten.mul_.Tensor, (op_replay._Ref(name), op_replay._Ref("c1")), {}, None, ())
+
+
+def test_a_cast_is_reused_only_while_its_tile_and_both_results_are_unchanged():
+    tile, other = torch.randn(128, 256).to(torch.bfloat16), torch.randn(128, 256).to(torch.bfloat16)
+    namespace = {"c0": torch.float32, "c1": torch.tensor(3.0), "pa": tile[:, 0:128], "pb": tile[:, 0:128],
+                 "pc": tile[:, 128:256], "po": other[:, 0:128]}
+    reused = lambda calls, results=(): op_replay_casts.reused(calls, namespace, set(results), op_replay._Ref)
+    repeat = [_cast("v1", "pa"), _cast("v2", "pb"), _read("v1", "v2")]
+    kept = reused(repeat)
+    assert len(kept) == 2 and [r.name for r in kept[-1].args] == ["v1", "v1"]  # same view of one tile: reused
+    assert len(reused([_cast("v1", "pa"), _cast("v2", "pc"), _read("v1", "v2")])) == 3  # another region
+    changed = [_cast("v1", "pa"), _in_place("pb"), _cast("v2", "pa"), _read("v1", "v2")]
+    assert len(reused(changed)) == 4  # the tile was written in between
+    assert len(reused([_cast("v1", "pa"), _in_place("po"), _cast("v2", "pa"), _read("v1", "v2")])) == 3  # another tile
+    assert len(reused([_cast("v1", "pa"), _in_place("v1"), _cast("v2", "pa"), _read("v1", "v2")])) == 4  # result written
+    through_view = [_cast("v1", "pa"),
+                    op_replay._Call(torch.ops.aten.t.default, (op_replay._Ref("v2"),), {}, op_replay._Ref("v3"), ("v3",)),
+                    _in_place("v3")]
+    assert len(reused([_cast("v1", "pa"), _cast("v2", "pa")] + through_view[1:])) == 4  # written through a view
+    assert len(reused(repeat, results=["v2"])) == 3  # returned to the caller

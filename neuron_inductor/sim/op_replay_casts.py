@@ -1,0 +1,114 @@
+"""Repeated casts of an unchanged tile in a replay reuse the first one.
+
+The interpreter's matmul converts its bf16 operands to fp32 on every instruction, and a tile loop
+multiplies one stationary or moving tile by many others: at d=1024 a matmul kernel converts the
+same tile up to 8 times (453 casts of 139 regions). A cast is a function of its input's values, so
+a second cast of the same view of a kept tile, with nothing written to that tile in between, gives
+the first one's bits: its readers read the first result instead.
+
+Not reused: a cast whose result (or its first one's) is written anywhere, itself or through a view
+(that would change both), or is returned to the caller; a write to a tile forgets the casts of the
+bytes it may reach (a write through a view that is no kept tile: all of the tile's casts).
+"""
+
+from __future__ import annotations
+
+import torch
+
+_TO_COPY = torch.ops.aten._to_copy.default
+
+
+def reused(calls: list, namespace: dict, result_names: set, ref_type) -> list:
+    """`calls` less the casts that repeat an earlier one of an unchanged kept tile."""
+    unsafe = set(result_names)  # names written somewhere, themselves or through a view of them
+    base_of: dict = {}
+    for call in calls:
+        if call.func.is_view and call.new and call.args and isinstance(call.args[0], ref_type):
+            for name in call.new:
+                base_of[name] = call.args[0].name
+        written = _written(call)
+        for position, value in _arguments(call):
+            if isinstance(value, ref_type) and position in written:
+                name = value.name
+                while name is not None and name not in unsafe:
+                    unsafe.add(name)
+                    name = base_of.get(name)
+    storage_of: dict = {}  # name -> the storage a write through it changes
+    cache: dict = {}       # (cast input storage, layout, arguments) -> the first cast's output name
+    rename: dict = {}
+    out = []
+    for call in calls:
+        call = _renamed(call, rename)
+        key = _cast_key(call, namespace, ref_type)
+        if key is not None and call.new[0] not in unsafe:
+            first = cache.get(key)
+            if first is not None:
+                rename[call.new[0]] = first
+                continue
+            cache[key] = call.new[0]
+        written = _written(call)
+        for position, value in _arguments(call):
+            if isinstance(value, ref_type) and position in written:
+                changed, lo, hi = _region(value.name, namespace, storage_of)
+                for k in [k for k in cache if k[0] == changed and k[1] < hi and lo < k[2]]:
+                    del cache[k]
+        if call.func.is_view and call.new and call.args and isinstance(call.args[0], ref_type):
+            for name in call.new:  # a write through a view may reach all of its base's storage
+                storage_of[name] = _region(call.args[0].name, namespace, storage_of)[0]
+        out.append(call)
+    return out
+
+
+def _cast_key(call, namespace: dict, ref_type):
+    """What a cast repeating this one has the same of (None: not a cast of a kept tile)."""
+    if call.func is not _TO_COPY or len(call.args) != 1 or len(call.new) != 1 or call.guard is not None:
+        return None
+    source = call.args[0]
+    if not (isinstance(source, ref_type) and source.name[0] == "p" and source.name in namespace):
+        return None
+    options = []
+    for name, value in sorted(call.kwargs.items()):
+        if isinstance(value, ref_type):
+            value = namespace.get(value.name)
+            if value is None or isinstance(value, torch.Tensor):
+                return None
+        options.append((name, value))
+    t = namespace[source.name]
+    return _extent(t) + (tuple(t.shape), t.stride(), t.storage_offset(), t.dtype, tuple(options))
+
+
+def _extent(t: torch.Tensor) -> tuple:
+    """(storage, first byte, end byte) of what `t` addresses."""
+    size = t.element_size()
+    span = sum((n - 1) * st for n, st in zip(t.shape, t.stride())) if t.numel() else -1
+    return t.untyped_storage().data_ptr(), t.storage_offset() * size, (t.storage_offset() + span + 1) * size
+
+
+def _region(name: str, namespace: dict, storage_of: dict) -> tuple:
+    """(storage, first byte, end byte) a write through `name` may change."""
+    if name in storage_of:
+        return storage_of[name], float("-inf"), float("inf")
+    t = namespace.get(name)
+    if isinstance(t, torch.Tensor) and name[0] == "p":
+        return _extent(t)
+    return name, float("-inf"), float("inf")
+
+
+def _written(call) -> set:
+    """Positions (and keyword names) of the arguments the call writes."""
+    return {argument.name if argument.kwarg_only else i for i, argument in enumerate(call.func._schema.arguments)
+            if argument.alias_info is not None and argument.alias_info.is_write}
+
+
+def _arguments(call):
+    """(position or keyword, value) of the call's top-level arguments."""
+    yield from enumerate(call.args)
+    yield from call.kwargs.items()
+
+
+def _renamed(call, rename: dict):
+    if not rename:
+        return call
+    from .op_replay import renamed  # (op_replay imports this module)
+    return type(call)(call.func, renamed(call.args, rename), renamed(call.kwargs, rename), call.outs, call.new,
+                      call.guard)
