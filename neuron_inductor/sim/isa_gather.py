@@ -24,7 +24,7 @@ def nc_stream_shuffle(dst, src, shuffle_mask, name=None):
     if len(mask) != _QUADRANT or any(not (0 <= m < _QUADRANT or m == _KEEP) for m in mask):
         rules.fail(api, "shuffle_mask is 32 source partitions in [0, 32) or 255", mask, f"shuffle_mask={mask}")
     active = -(-max(ps, pd) // _QUADRANT) * _QUADRANT
-    legal = (0,) if active > 64 else (0, 64) if active > 32 else (0, 32, 64, 96)
+    legal = rules.legal_start_partitions(active)
     for role, t in (("src", src), ("dst", dst)):
         if t.start_partition() not in legal:
             rules.fail(api, f"start partition in {legal} for {active} active partitions", t.start_partition(),

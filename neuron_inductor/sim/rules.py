@@ -108,14 +108,17 @@ def access_pattern(op, role, t):
                  f"{role} has a free-dim stride of {stride} elements")
 
 
-def start_partition(op, role, t):
+def legal_start_partitions(count):
     """Compute engines start at partition 0 (>64 partitions), 0/64 (33-64) or 0/32/64/96 (<=32)."""
+    return (0,) if count > 64 else (0, 64) if count > 32 else (0, 32, 64, 96)
+
+
+def start_partition(op, role, t):
     if t.data.storage_offset() == 0:
         return
     start = t.start_partition()
     count = t.data.shape[0]
-    legal = (0,) if count > 64 else (0, 64) if count > 32 else (0, 32, 64, 96)
-    if start not in legal:
+    if start not in legal_start_partitions(count):
         fail(op, "start partition 0 (>64 parts), 0/64 (33-64), 0/32/64/96 (<=32)", start,
              f"{role} spans {count} partitions starting at partition {start}")
 
@@ -425,11 +428,15 @@ def kernel_output(t):
              f"the kernel returned a tensor in {t.buffer.name}")
 
 
-def capacity(pool, nbytes, what):
-    live = pool.live + nbytes
+def capacity(pool, nbytes, partitions, what):
+    """No start partition a new tile may take has `nbytes` free per partition on all its partitions."""
+    held = pool.held_at_starts(partitions)
+    live = min(held.values()) + nbytes
     if live > pool.capacity:
         name = pool.buffer_name.upper()
+        ranges = ", ".join(f"at partitions {start}-{start + partitions - 1}: {top} B held" for start, top in held.items())
         raise NkiCapacityError(
             "nl.ndarray", f"live {name} bytes per partition <= {pool.capacity} on {pool.target_name}", live,
-            f"allocating {what} ({nbytes} B/partition, at its first write) brings live {name} to {live} B/partition, "
+            f"allocating {what} ({nbytes} B/partition on {partitions} partitions, at its first write) brings live "
+            f"{name} to {live} B/partition wherever it may start ({ranges}), "
             f"over the {pool.capacity} B/partition available on {pool.target_name}")

@@ -463,9 +463,9 @@ def place(t: NkiTensor) -> None:
     from here on liveness.reclaim may free it. Writers call this when `t.alloc.placed` is False."""
     alloc = t.alloc
     pool = alloc.pool
-    pool.reserve(alloc.nbytes, t.name, tuple(alloc.storage.shape), t.dtype)
+    shape = tuple(alloc.storage.shape)
+    pool.reserve(alloc, alloc.nbytes, shape[0] if shape else 1, t.name, shape, t.dtype)
     alloc.placed = True
-    pool.track(alloc)
 
 
 _RAW_UINT32 = torch.uint32

@@ -379,3 +379,80 @@ def test_an_indirect_view_held_in_a_variable_does_not_stop_the_freeing():
     table = torch.randn(300, 4)
     ids = torch.randint(0, 300, (128, 1), dtype=torch.int32)
     assert torch.equal(kernel(table, ids), table[ids[:, 0]])
+
+
+# ---------------------------------------------------------------------------- tiles of fewer partitions side by side
+
+USABLE = sim.get_target("trn2").sbuf_usable_bytes  # 208 KiB per partition
+
+
+def keep_partition_tiles(shapes, dtype=nl.float32, buffer=nl.sbuf):
+    """A kernel that writes and keeps one [partitions, 16, free / 16] tile per (partitions, free), in order
+    (16 rows per partition keep every access-pattern size under 65536)."""
+    @sim.jit
+    def kernel():
+        kept = []
+        for partitions, free in shapes:
+            kept.append(nl.ndarray((partitions, 16, free // 16), dtype, buffer=buffer, name=f"t{len(kept)}"))
+            nisa.memset(kept[-1], 0.0)
+        return None
+
+    return kernel
+
+
+@pytest.mark.parametrize("dtype", [nl.float32, nl.bfloat16], ids=["fp32", "bf16"])
+def test_four_quadrant_tiles_of_full_size_fit_side_by_side(dtype):
+    full = USABLE // dtype.itemsize
+    keep_partition_tiles([(32, full)] * 4, dtype)()
+    keep_partition_tiles([(20, full)] * 4, dtype)()  # a tile of < 32 partitions still takes its quadrant
+    with pytest.raises(sim.NkiCapacityError) as info:
+        keep_partition_tiles([(32, full)] * 5, dtype)()
+    error = info.value
+    assert error.value == 2 * USABLE
+    assert f"t4 [32, 16, {full // 16}] {dtype.name} ({USABLE} B/partition on 32 partitions" in str(error)
+    assert f"at partitions 0-31: {USABLE} B held" in str(error)
+    assert f"at partitions 96-127: {USABLE} B held" in str(error)
+
+
+def test_half_tiles_share_partitions_but_a_full_height_tile_needs_every_quadrant():
+    full, half = USABLE // 4, USABLE // 8
+    keep_partition_tiles([(64, full), (64, full)])()            # at partitions 0 and 64
+    keep_partition_tiles([(64, half), (64, half), (128, half)])()
+    keep_partition_tiles([(48, half)] * 4)()                    # 33-64 partitions start at 0 or 64 only
+    with pytest.raises(sim.NkiCapacityError, match=r"t2 \[64, 16, \d+\] .*at partitions 0-63: .*at partitions 64-127"):
+        keep_partition_tiles([(64, full), (64, full), (64, half)])()
+    with pytest.raises(sim.NkiCapacityError, match=r"t3 \[128, 16, \d+\] .* on 128 partitions.*at partitions 0-127"):
+        keep_partition_tiles([(64, half), (64, half), (64, half), (128, half)])()
+    with pytest.raises(sim.NkiCapacityError):  # 65 partitions start at 0 only: the 32 left over cannot take it
+        keep_partition_tiles([(96, full), (65, 16)])()
+    keep_partition_tiles([(96, full), (32, full)])()          # but a 32-partition tile fits at partition 96
+
+
+def test_a_freed_quadrant_tile_makes_room_for_another_but_not_for_a_full_height_one():
+    full = USABLE // 4
+
+    def refill(partitions):
+        @sim.jit
+        def kernel():
+            kept = [nl.ndarray((32, full), nl.float32) for _ in range(4)]
+            for t in kept:
+                nisa.memset(t, 0.0)
+            kept[2] = None  # its quadrant is free again
+            again = nl.ndarray((partitions, 1), nl.float32, name="again")
+            nisa.memset(again, 0.0)
+            nisa.memset(kept[3], 1.0)  # the other three stay live until here
+            return None
+
+        return kernel
+
+    refill(32)()
+    with pytest.raises(sim.NkiCapacityError, match=r"again \[64, 1\]"):
+        refill(64)()
+
+
+def test_psum_quadrants_hold_eight_banks_each():
+    keep_partition_tiles([(32, BANK_F32)] * 32, buffer=nl.psum)()  # 8 banks x 4 quadrants
+    with pytest.raises(sim.NkiCapacityError, match=r"t32 \[32, 16, 32\] float32 \(2048 B/partition on 32 partitions"):
+        keep_partition_tiles([(32, BANK_F32)] * 33, buffer=nl.psum)()
+    with pytest.raises(sim.NkiCapacityError, match="live PSUM to 18432"):
+        keep_partition_tiles([(32, 16)] * 4 + [(128, 16)] * 8, buffer=nl.psum)()
