@@ -371,14 +371,20 @@ def _persistent(recorder: Recorder, ops: list, result_keys: set) -> dict:
     return found
 
 
-def _constants(template, recorder: Recorder):
+def map_refs(template, on_ref):
+    """An argument template (values, with _Ref leaves, in nested dicts, tuples and lists) with each
+    _Ref replaced by `on_ref(ref)`."""
     if isinstance(template, _Ref):
-        return recorder.constants[int(template.name[1:])]
+        return on_ref(template)
     if isinstance(template, dict):
-        return {k: _constants(v, recorder) for k, v in template.items()}
+        return {k: map_refs(v, on_ref) for k, v in template.items()}
     if isinstance(template, (tuple, list)):
-        return type(template)(_constants(t, recorder) for t in template)
+        return type(template)(map_refs(t, on_ref) for t in template)
     return template
+
+
+def _constants(template, recorder: Recorder):
+    return map_refs(template, lambda ref: recorder.constants[int(ref.name[1:])])
 
 
 def _mark_guards(ops: list, arg_keys: set) -> None:
@@ -478,13 +484,7 @@ def _calls(live: list, recorder: Recorder, result_names: set, persistent: dict, 
 
 def renamed(template, rename: dict):
     """An argument template with the names in `rename` replaced."""
-    if isinstance(template, _Ref):
-        return _Ref(rename.get(template.name, template.name))
-    if isinstance(template, dict):
-        return {k: renamed(v, rename) for k, v in template.items()}
-    if isinstance(template, (tuple, list)):
-        return type(template)(renamed(t, rename) for t in template)
-    return template
+    return map_refs(template, lambda ref: _Ref(rename.get(ref.name, ref.name)))
 
 
 def _without_unread_views(calls: list, result_names: set) -> list:
@@ -564,21 +564,18 @@ def _unfaithful_bindings(calls: list, recorder: Recorder, namespace: dict) -> se
     (probed on meta tensors of the lines' layouts, op_replay_bindings)."""
     bindings, slow = {}, set()
 
+    def spec_of(ref):
+        name = ref.name
+        if name[0] in "pi":  # a kept buffer, or a copy of its first value
+            t = namespace[name]
+            return op_replay_bindings.TensorSpec(tuple(t.shape), t.stride(), t.dtype)
+        if name[0] == "c":
+            return namespace[name]
+        _, shape, stride, _, dtype = recorder.layouts[name]
+        return op_replay_bindings.TensorSpec(shape, stride, dtype)
+
     def spec(template):
-        if isinstance(template, _Ref):
-            name = template.name
-            if name[0] in "pi":  # a kept buffer, or a copy of its first value
-                t = namespace[name]
-                return op_replay_bindings.TensorSpec(tuple(t.shape), t.stride(), t.dtype)
-            if name[0] == "c":
-                return namespace[name]
-            _, shape, stride, _, dtype = recorder.layouts[name]
-            return op_replay_bindings.TensorSpec(shape, stride, dtype)
-        if isinstance(template, dict):
-            return {k: spec(v) for k, v in template.items()}
-        if isinstance(template, (tuple, list)):
-            return type(template)(spec(t) for t in template)
-        return template
+        return map_refs(template, spec_of)
 
     for call in calls:
         if call.func not in bindings:
