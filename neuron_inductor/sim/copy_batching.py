@@ -47,7 +47,7 @@ def _run_end(copies: list, start: int) -> int:
         if d[:3] != dst[:3] or s[:3] != src[:3] or d[3] != dst[3] + k * step_dst or s[3] != src[3] + k * step_src:
             break
         end += 1
-    if step_dst <= 0 or step_src < 0 or not _each_element_once((end - start,) + dst[1], (step_dst,) + dst[2]):
+    if step_dst <= 0 or step_src < 0 or not each_element_once((end - start,) + dst[1], (step_dst,) + dst[2]):
         return start + 1
     return end
 
@@ -59,7 +59,7 @@ def _merge(run: list) -> tuple:
             (src[0], (n,) + src[1], (step_src,) + src[2], src[3], False))
 
 
-def _each_element_once(sizes: tuple, strides: tuple) -> bool:
+def each_element_once(sizes: tuple, strides: tuple) -> bool:
     """Whether a view addresses no element twice: with its dims ordered by stride, each stride
     steps past everything the smaller ones span (a sufficient test; a view failing it is not merged)."""
     span = 0

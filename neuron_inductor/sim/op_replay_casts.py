@@ -74,10 +74,10 @@ def _cast_key(call, namespace: dict, ref_type):
                 return None
         options.append((name, value))
     t = namespace[source.name]
-    return _extent(t) + (tuple(t.shape), t.stride(), t.storage_offset(), t.dtype, tuple(options))
+    return byte_extent(t) + (tuple(t.shape), t.stride(), t.storage_offset(), t.dtype, tuple(options))
 
 
-def _extent(t: torch.Tensor) -> tuple:
+def byte_extent(t: torch.Tensor) -> tuple:
     """(storage, first byte, end byte) of what `t` addresses."""
     size = t.element_size()
     span = sum((n - 1) * st for n, st in zip(t.shape, t.stride())) if t.numel() else -1
@@ -90,7 +90,7 @@ def _region(name: str, namespace: dict, storage_of: dict) -> tuple:
         return storage_of[name], float("-inf"), float("inf")
     t = namespace.get(name)
     if isinstance(t, torch.Tensor) and name[0] == "p":
-        return _extent(t)
+        return byte_extent(t)
     return name, float("-inf"), float("inf")
 
 

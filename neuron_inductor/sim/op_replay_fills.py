@@ -17,6 +17,8 @@ from itertools import islice
 
 import torch
 
+from .copy_batching import each_element_once
+
 _FILLS = {"aten::fill_", "aten::zero_"}
 _OVERWRITES = {"aten::copy_", "aten::fill_", "aten::zero_"}
 _FULL = torch.ops.aten.full.default
@@ -116,7 +118,7 @@ def _overwritten_before_read(later, storage: _Storage, key: int, filled: str, pr
             written = storage.elements(op.reads[0])
             if written is None:
                 return False
-            if _distinct(written):
+            if each_element_once(tuple(written.shape), written.stride()):
                 remaining -= int(written.count_nonzero())
                 written.fill_(False)
             else:  # (a fill through a view with repeated elements: counted on the storage)
@@ -128,14 +130,3 @@ def _overwritten_before_read(later, storage: _Storage, key: int, filled: str, pr
         if budget < 0:
             return False  # too costly to follow: the fill is kept
     return private
-
-
-def _distinct(view: torch.Tensor) -> bool:
-    """Whether no two of the view's elements are one element of its storage (a sufficient test:
-    each dim's stride, smallest first, passes the farthest offset the dims before it reach)."""
-    reach = 0
-    for stride, size in sorted((st, n) for n, st in zip(view.shape, view.stride()) if n > 1):
-        if stride <= reach:
-            return False
-        reach += (size - 1) * stride
-    return True

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import torch
 
+from .op_replay_casts import byte_extent
+
 _COPY = torch.ops.aten.copy_.default
 MIN_ELEMENTS = 2048   # smaller copies: the extra call costs more than it saves
 MIN_STRIDE_BYTES = 1024  # the source's step along the destination's innermost dim
@@ -56,15 +58,7 @@ def _transposing(call, namespace: dict, ref_type):
     inner = min(range(dst.dim()), key=lambda d: (dst.stride(d) if dst.shape[d] > 1 else 1 << 62))
     if src.stride(inner) * src.element_size() < MIN_STRIDE_BYTES or src.stride(inner) == min(src.stride()):
         return None
-    if src.untyped_storage().data_ptr() == dst.untyped_storage().data_ptr():
-        lo_d, hi_d = _extent(dst)
-        lo_s, hi_s = _extent(src)
-        if lo_d < hi_s and lo_s < hi_d:
-            return None  # overlapping: the two steps would read what the first wrote
+    (storage_d, lo_d, hi_d), (storage_s, lo_s, hi_s) = byte_extent(dst), byte_extent(src)
+    if storage_d == storage_s and lo_d < hi_s and lo_s < hi_d:
+        return None  # overlapping: the two steps would read what the first wrote
     return dst, src
-
-
-def _extent(t: torch.Tensor):
-    size = t.element_size()
-    span = sum((n - 1) * st for n, st in zip(t.shape, t.stride()))
-    return t.storage_offset() * size, (t.storage_offset() + span + 1) * size

@@ -560,8 +560,10 @@ def test_making_a_plan_runs_no_math_on_the_data_and_uses_the_kernels_threads(mon
 ])
 def test_the_fill_analysis_counts_a_write_through_repeated_elements_on_the_storage(sizes, strides, distinct):
     """fill_ / zero_ write through views that name one element twice (copy_ refuses them): such a
-    write's element count would overstate what it overwrote, so it is counted on the storage."""
-    assert op_replay.op_replay_fills._distinct(torch.zeros(64).as_strided(sizes, strides)) is distinct
+    write's element count would overstate what it overwrote, so it is counted on the storage
+    (the test the fill analysis shares with copy_batching's merges)."""
+    view = torch.zeros(64).as_strided(sizes, strides)
+    assert copy_batching.each_element_once(tuple(view.shape), view.stride()) is distinct
 
 
 # -- transposing copies between tiles routed through a scratch (sim/op_replay_transposes.py) --------
