@@ -64,7 +64,7 @@ class MemoryPool:
         """Bytes per partition a tile of `nbytes` really takes."""
         return -(-nbytes // self.granule) * self.granule
 
-    def reserve(self, allocation, nbytes: int, partitions: int, name: str, shape: tuple, dtype) -> int:
+    def reserve(self, allocation, nbytes: int, partitions: int, name: str, shape: tuple, dtype) -> None:
         """Place `allocation` (`nbytes` per partition, already rounded by size_of, on `partitions`
         partitions) for the tile `name` [shape] dtype, or raise NkiCapacityError."""
         span = self._first_fit(nbytes, partitions)
