@@ -84,12 +84,13 @@ EXP_ZERO_BELOW = -104.0
 
 
 def _exp(x):
-    """torch.exp, bit for bit, without the slow path libm takes for inputs that underflow (10x slower
-    per element; a causal mask's -inf / -3e38 rows are full of them): those are 0 by a mask."""
+    """torch.exp, bit for bit, without most of the slow path the vectorised exp takes for inputs that
+    underflow (a causal mask's -1e30 / -3e38 scores: ~17x slower per element; -inf: ~4x): every input
+    at or below EXP_ZERO_BELOW becomes -inf first (exp is +0 there either way, NaN stays NaN). One
+    pass and an in-place exp, where a mask, two fills and the exp took four."""
     if x.dtype is not torch.float32:
         return torch.exp(x)
-    zero = x < EXP_ZERO_BELOW
-    return torch.exp(x.masked_fill(zero, 0.0)).masked_fill_(zero, 0.0)
+    return torch.threshold(x, EXP_ZERO_BELOW, -math.inf).exp_()
 
 
 def _gelu_dx(x):
