@@ -106,7 +106,15 @@ def _accumulate(api, p, reduced, name, reduce_op, cmd, reduce_init):
 
 
 _FP32_MIN = -3.4028234663852886e38
-_COMPARE = frozenset({"equal", "less", "less_equal", "greater", "greater_equal"})
+# range_select's comparisons, as the boolean tests they are (the ops' fn gives 1.0 / 0.0 floats)
+_COMPARE = {"equal": torch.eq, "less": torch.lt, "less_equal": torch.le, "greater": torch.gt,
+            "greater_equal": torch.ge}
+
+
+def _same_view(a, b) -> bool:
+    """Whether two operands are the same elements of the same tile, in the same dtype."""
+    return (a.alloc is b.alloc and a.dtype is b.dtype and a.data.storage_offset() == b.data.storage_offset()
+            and a.data.shape == b.data.shape and a.data.stride() == b.data.stride())
 
 
 def _max_accumulate(api, p, values, reduce_op, cmd, reduce_res):
@@ -169,7 +177,9 @@ def range_select(dst, on_true_tile, comp_op0, comp_op1, bound0, bound1, reduce_c
     if isa.f32_immediate(on_false_value).item() != _FP32_MIN:
         rules.fail(api, "on_false_value is FP32_MIN (-3.4028235e+38)", on_false_value, f"on_false_value={on_false_value}")
     index = (float(range_start) + torch.arange(n, dtype=torch.float32))[None, :]
-    keep = (comp_op0.fn(index, isa._f32(bound0)) != 0) & (comp_op1.fn(index, isa._f32(bound1)) != 0)
+    keep = _COMPARE[comp_op0.name](index, isa._f32(bound0))
+    if comp_op1 is not comp_op0 or not _same_view(bound0, bound1):  # the one test twice (a one-sided range): once
+        keep &= _COMPARE[comp_op1.name](index, isa._f32(bound1))
     values = torch.where(keep, isa._f32(on_true_tile), isa.f32_immediate(on_false_value))
     isa._write(dst, values)
     _max_accumulate(api, p, values, isa.OPS["maximum"] if reduce_op is None else reduce_op, reduce_cmd, reduce_res)

@@ -462,6 +462,27 @@ def test_range_select_masks_by_column_bounds(dtype):
                  (16, 64), nl.float32, x, lo, hi)
 
 
+def test_range_select_with_one_test_twice_or_two_bounds_of_one_op():
+    """A one-sided range (the causal mask: one op, one bound, twice) keeps what that test keeps; one op
+    over two different bounds applies both (the interpreter tests once only for the same view)."""
+    x = torch.randn(16, 64)
+    lo, hi = torch.randint(0, 30, (16, 1)).float(), torch.randint(30, 64, (16, 1)).float()
+    cols = -5 + torch.arange(64).float()[None, :]
+    fp32_min = torch.tensor(-3.4028234663852886e38)
+
+    def one_sided(dst, t, b0, b1):
+        nisa.range_select(dst=dst, on_true_tile=t, comp_op0=nl.less_equal, comp_op1=nl.less_equal,
+                          bound0=b1[:, 0:1], bound1=b1[:, 0:1], range_start=-5)
+
+    def both(dst, t, b0, b1):
+        nisa.range_select(dst=dst, on_true_tile=t, comp_op0=nl.less_equal, comp_op1=nl.less_equal,
+                          bound0=b1, bound1=b0, range_start=-5)  # the second, lower bound decides
+
+    assert torch.equal(on_tiles(one_sided, (16, 64), nl.float32, x, lo, hi), torch.where(cols <= hi, x, fp32_min))
+    assert torch.equal(on_tiles(both, (16, 64), nl.float32, x, lo, hi),
+                       torch.where(cols <= lo, x, fp32_min))
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_dma_compute_adds_and_scatter_adds(dtype):
     a, b = torch.randn(8, 16).to(dtype), torch.randn(8, 16).to(dtype)
