@@ -23,7 +23,9 @@ from functorch.compile import aot_function
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from neuron_inductor import sim
+from neuron_inductor.codegen.render import render_kernel
 from neuron_inductor.decompositions import neuron_decompositions
+from neuron_inductor.lowering.context import LoweringContext
 from neuron_inductor.lowering.ir import Unsupported
 from neuron_inductor.lowering.registry import LOWERINGS
 
@@ -254,6 +256,29 @@ def test_flops_match_the_traced_matmuls():
     with sim.trace() as t:
         _, spec = run_kernel(*graphs["fw"], FORWARD)
     assert t.estimate("trn2").matmul_flops == spec.flops
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_causal_diagonal_is_masked_without_matmuls_on_trn2(dtype):
+    """On NeuronCore-v3+ VectorE's range_select masks the causal diagonal (the forward's also takes
+    that bank's row maxima): both kernels match eager, and every traced matmul FLOP is a QK^T / PV
+    (dO V^T, P^T dO, dS^T Q, dS K) FLOP, with no identity @ mask helper; trn1 (v2) still adds the
+    mask on TensorE."""
+    # 650 keys: the last query tiles' scores span two PSUM banks, the diagonal in the second one
+    case = Case(q_len=650, kv_len=650, head_dim=16, q_heads=2, kv_heads=1, causal=True, gqa="enable_gqa", dtype=dtype)
+    with sim.trace() as t:
+        fw_spec, bw_spec = check(case)
+    ops = {ins.op for ins in t.instructions}
+    assert t.estimate("trn2").matmul_flops == fw_spec.flops + bw_spec.flops
+    assert "range_select" in ops
+    trn1 = LoweringContext.for_target("trn1")
+    source = render_kernel(_named(LOWERINGS[FORWARD](trn1, _forward_node(case))), trn1)
+    assert "identity" in source and "range_select" not in source
+
+
+def _named(spec):
+    spec.name = "attention_fwd"
+    return spec
 
 
 def test_causal_forward_skips_masked_tiles():
