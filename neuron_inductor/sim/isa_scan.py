@@ -75,6 +75,9 @@ def tensor_scalar_reduce(dst, data, op0, operand0, reduce_op, reduce_res=None, r
                    (("dst", dst), ("data", data), ("reduce_res", reduce_res)))
 
 
+_EXTREMA = frozenset({"maximum", "max", "minimum", "min"})
+
+
 def _combine(name, a, b):
     if name in ("add", "sum"):
         return a + b
@@ -88,6 +91,22 @@ def _accumulate(api, p, reduced, name, reduce_op, cmd, reduce_init):
     acc = program.vector_acc
     if acc is None:
         acc = program.vector_acc = torch.full((rules.PMAX,), float("nan"))
+    if cmd not in (isa.reduce_cmd.reset_reduce, isa.reduce_cmd.load_reduce, isa.reduce_cmd.reduce):
+        raise isa.NkiError(f"{api}: reduce_cmd={cmd} is not one of reset_reduce, reduce, load_reduce")
+    if cmd is not isa.reduce_cmd.load_reduce and reduce_init is not None:
+        raise isa.NkiError(f"{api}: reduce_init is only for reduce_cmd=load_reduce")
+    if cmd is isa.reduce_cmd.reset_reduce and name in _EXTREMA:
+        acc[:p] = reduced  # = its combine with the identity (+-inf), NaN and -0.0 included
+        return acc[:p].clone()
+    if cmd is isa.reduce_cmd.reset_reduce:
+        acc[:p] = _IDENTITY[name]
+    elif cmd is isa.reduce_cmd.load_reduce:
+        if reduce_init is None:
+            raise isa.NkiError(f"{api}: reduce_cmd=load_reduce needs reduce_init")
+        acc[:p] = isa._scalar(reduce_init).reshape(-1).expand(p) if getattr(reduce_init, "buffer", None) is not None \
+            else float(reduce_init)
+    acc[:p] = _combine(name, acc[:p], reduced)
+    return acc[:p].clone()
     if cmd is isa.reduce_cmd.reset_reduce:
         acc[:p] = _IDENTITY[name]
     elif cmd is isa.reduce_cmd.load_reduce:
@@ -109,6 +128,15 @@ _FP32_MIN = -3.4028234663852886e38
 # range_select's comparisons, as the boolean tests they are (the ops' fn gives 1.0 / 0.0 floats)
 _COMPARE = {"equal": torch.eq, "less": torch.lt, "less_equal": torch.le, "greater": torch.gt,
             "greater_equal": torch.ge}
+
+
+def _free_index(range_start, n: int) -> torch.Tensor:
+    """[1, n] fp32: range_start + free index, added in fp32. For an integral start the sums are exact
+    integers, which torch.arange makes from no tensor (a replay makes it once, not per call)."""
+    start = float(range_start)
+    if start.is_integer() and abs(start) + n < 2 ** 24:
+        return torch.arange(start, start + n, dtype=torch.float32)[None, :]
+    return (start + torch.arange(n, dtype=torch.float32))[None, :]
 
 
 def _same_view(a, b) -> bool:
@@ -176,7 +204,7 @@ def range_select(dst, on_true_tile, comp_op0, comp_op1, bound0, bound1, reduce_c
     rules.vector_operand(api, "bound1", bound1, p)
     if isa.f32_immediate(on_false_value).item() != _FP32_MIN:
         rules.fail(api, "on_false_value is FP32_MIN (-3.4028235e+38)", on_false_value, f"on_false_value={on_false_value}")
-    index = (float(range_start) + torch.arange(n, dtype=torch.float32))[None, :]
+    index = _free_index(range_start, n)
     keep = _COMPARE[comp_op0.name](index, isa._f32(bound0))
     if comp_op1 is not comp_op0 or not _same_view(bound0, bound1):  # the one test twice (a one-sided range): once
         keep &= _COMPARE[comp_op1.name](index, isa._f32(bound1))

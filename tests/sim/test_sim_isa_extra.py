@@ -483,6 +483,23 @@ def test_range_select_with_one_test_twice_or_two_bounds_of_one_op():
                        torch.where(cols <= lo, x, fp32_min))
 
 
+def test_a_reset_max_reduce_gives_the_row_maxima_bits_nan_and_negative_zero_included():
+    """reset_reduce with maximum starts from -inf: the result is each row's amax itself, a NaN row
+    NaN and a row of -0.0 -0.0 (not +0.0)."""
+    x = torch.randn(8, 32)
+    x[1] = -0.0
+    x[2, 5] = float("nan")
+    x[3] = float("-inf")
+    zero = torch.zeros(8, 1)
+
+    def body(dst, t, b):
+        nisa.range_select(dst=t, on_true_tile=t, comp_op0=nl.greater_equal, comp_op1=nl.greater_equal,
+                          bound0=b, bound1=b, reduce_cmd=nisa.reduce_cmd.reset_reduce, reduce_res=dst)
+
+    out = on_tiles(body, (8, 1), nl.float32, x, zero)
+    assert torch.equal(out.view(torch.int32), x.amax(1, keepdim=True).view(torch.int32))
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_dma_compute_adds_and_scatter_adds(dtype):
     a, b = torch.randn(8, 16).to(dtype), torch.randn(8, 16).to(dtype)
