@@ -142,7 +142,7 @@ def _read_registers(api, program, p, reduce_res, cmd):
         rules.fail(api, "reduce_res reads registers a reduce_cmd has set", cmd.name,
                    "reduce_cmd=idle reads the ScalarE reduce registers, which no instruction has set; "
                    "pass reduce_cmd=nisa.reduce_cmd.reset_reduce or use nisa.activation_reduce")
-    _write(reduce_res, program.reduce_regs[:p].reshape(p, 1).clone())
+    _write(reduce_res, program.reduce_regs[:p].reshape(p, 1))  # copied into reduce_res
 
 
 # activate2's tensor-scalar stage: the six documented (op0, op1) pairs.

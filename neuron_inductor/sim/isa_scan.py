@@ -69,7 +69,7 @@ def tensor_scalar_reduce(dst, data, op0, operand0, reduce_op, reduce_res=None, r
         if rules.operand(api, "reduce_res", reduce_res) != (p, 1):
             rules.fail(api, "reduce_res is a [P, 1] tile", list(reduce_res.data.shape),
                        f"reduce_res has shape {list(reduce_res.data.shape)}, expected [{p}, 1]")
-        isa._write(reduce_res, (-acc if reduce_res_negate else acc).reshape(p, 1).clone())
+        isa._write(reduce_res, (-acc if reduce_res_negate else acc).reshape(p, 1))
     if isa.ACTIVE:
         isa.record("vector", "tensor_scalar_reduce", p * n, isa._bytes(dst, data, operand0, reduce_res), n, p,
                    (("dst", dst), ("data", data), ("reduce_res", reduce_res)))
@@ -87,6 +87,8 @@ def _combine(name, a, b):
 
 
 def _accumulate(api, p, reduced, name, reduce_op, cmd, reduce_init):
+    """Fold `reduced` [P] into the accumulators per reduce_cmd; returns a view of them (read it before
+    the next instruction changes them)."""
     program = context.current()
     acc = program.vector_acc
     if acc is None:
@@ -97,7 +99,7 @@ def _accumulate(api, p, reduced, name, reduce_op, cmd, reduce_init):
         raise isa.NkiError(f"{api}: reduce_init is only for reduce_cmd=load_reduce")
     if cmd is isa.reduce_cmd.reset_reduce and name in _EXTREMA:
         acc[:p] = reduced  # = its combine with the identity (+-inf), NaN and -0.0 included
-        return acc[:p].clone()
+        return acc[:p]
     if cmd is isa.reduce_cmd.reset_reduce:
         acc[:p] = _IDENTITY[name]
     elif cmd is isa.reduce_cmd.load_reduce:
@@ -106,22 +108,7 @@ def _accumulate(api, p, reduced, name, reduce_op, cmd, reduce_init):
         acc[:p] = isa._scalar(reduce_init).reshape(-1).expand(p) if getattr(reduce_init, "buffer", None) is not None \
             else float(reduce_init)
     acc[:p] = _combine(name, acc[:p], reduced)
-    return acc[:p].clone()
-    if cmd is isa.reduce_cmd.reset_reduce:
-        acc[:p] = _IDENTITY[name]
-    elif cmd is isa.reduce_cmd.load_reduce:
-        if reduce_init is None:
-            raise isa.NkiError(f"{api}: reduce_cmd=load_reduce needs reduce_init")
-        acc[:p] = isa._scalar(reduce_init).reshape(-1).expand(p) if getattr(reduce_init, "buffer", None) is not None \
-            else float(reduce_init)
-    elif cmd is not isa.reduce_cmd.reduce:
-        raise isa.NkiError(f"{api}: reduce_cmd={cmd} is not one of reset_reduce, reduce, load_reduce")
-    if cmd is not isa.reduce_cmd.load_reduce and reduce_init is not None:
-        raise isa.NkiError(f"{api}: reduce_init is only for reduce_cmd=load_reduce")
-    acc[:p] = _combine(name, acc[:p], reduced)
-    return acc[:p].clone()
-
-
+    return acc[:p]
 
 
 _FP32_MIN = -3.4028234663852886e38
