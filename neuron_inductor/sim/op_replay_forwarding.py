@@ -1,0 +1,290 @@
+"""Copies a replay need not make: reads forwarded to the copy's source, dead copies dropped, and
+an elementwise result written straight into the tile it was copied to.
+
+The interpreter stages every value through tiles: an instruction computes `v = op(..)` and copies
+it into its destination tile (`copy_(tile, v)`), a DMA copies an HBM view into an SBUF tile that
+the next instruction reads, and kept buffers are copied into one another. In attention_fwd's
+replay 726 of 1606 lines are such copies. Three rewrites remove them, each changing no bit:
+
+- forwarding: after `copy_(D, S)` with D and S of one shape, strides and dtype (a copy that casts
+  is not one), a later elementwise reader of exactly D's view (any name of it) reads S instead,
+  until D's or S's bytes are written again. The reader runs the same kernel on the same geometry
+  (only its input's address differs): the same bits. Readers whose bits may depend on where the
+  data sits (matmuls, through MKL; reductions) are not forwarded; neither are views (a view of S
+  could be written through) nor the written arguments of an in-place operation.
+- dead copies: a copy into a tile whose bytes nothing reads before they are overwritten whole by a
+  copy or fill of the same view (or the
+  call ends: a kept tile's first value is re-initialised by the plan where it is read) is dropped.
+  A copy into an argument, a result, or a view of them is always kept.
+- out-fusion: `v = op(..); copy_(D, v)` with op elementwise, v read by nothing else and of D's
+  shape, strides and dtype becomes `op(.., out=D)`, where op has an out= overload whose Python
+  binding dispatches exactly it: the same iteration over the same geometry, written into D.
+
+Storage is tracked per name: a kept tile by its storage and byte extent, an argument, a result or
+a tensor the replay makes by the name owning its storage (a view: its base's), with its byte
+extent where it is an as_strided of its root and the whole storage otherwise. Whatever two names
+may share, a write through one forgets what is known of the other.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+from .op_replay_casts import _arguments, _written, byte_extent
+
+_COPY = torch.ops.aten.copy_.default
+_AS_STRIDED = torch.ops.aten.as_strided.default
+_OVERWRITES = (_COPY, torch.ops.aten.fill_.Scalar, torch.ops.aten.fill_.Tensor, torch.ops.aten.zero_.default)
+# readers computing each output element from the same input elements whatever their address
+_ELEMENTWISE_READERS = (_COPY, torch.ops.aten._to_copy.default, torch.ops.aten.clone.default)
+_UNKNOWN = (float("-inf"), float("inf"))
+
+
+class Region(NamedTuple):
+    """The bytes a name addresses: `group` is the storage (or the name owning it), `key` the exact
+    view (group, byte offset, shape, strides, dtype), None where the extent is not known."""
+
+    group: object
+    lo: float
+    hi: float
+    key: tuple | None
+
+
+def forwarded(calls: list, namespace: dict, layouts: dict, visible: set, exact_binding, ref_type) -> list:
+    """`calls` with reads forwarded past copies, dead copies dropped and copied results fused.
+    `layouts`: {name: (root, shape, strides, offset, dtype)} of the recorded tensors; `visible`: the
+    names the caller sees (arguments, results); `exact_binding(call)`: whether the call's Python
+    binding dispatches exactly its operation."""
+    regions = _Regions(namespace, layouts)
+    read_count: dict = {}
+    for call in calls:
+        for name in _ref_names((call.args, call.kwargs), ref_type):
+            read_count[name] = read_count.get(name, 0) + 1
+    calls = _forward(calls, regions, read_count, visible, exact_binding, ref_type)
+    return _without_dead_copies(calls, regions, visible, ref_type)
+
+
+class _Regions:
+    """Region of each name, as the calls make them (views share their base's group)."""
+
+    def __init__(self, namespace: dict, layouts: dict) -> None:
+        self.namespace, self.layouts, self.known = namespace, layouts, {}
+
+    def of(self, name: str) -> Region | None:
+        region = self.known.get(name)
+        if region is None:
+            region = self.known[name] = self._first(name)
+        return region
+
+    def _first(self, name: str) -> Region | None:
+        t = self.namespace.get(name)
+        if isinstance(t, torch.Tensor):  # a kept tile, a view of one, an initial value
+            storage, lo, hi = byte_extent(t)
+            return Region(("storage", storage), lo, hi,
+                          (("storage", storage), t.storage_offset() * t.element_size(), tuple(t.shape), t.stride(), t.dtype))
+        if name[0] == "c" or name not in self.layouts:
+            return None  # a constant (no tensor the replay writes)
+        _, shape, strides, offset, dtype = self.layouts[name]
+        return _strided(("name", name), tuple(shape), tuple(strides), offset, dtype)
+
+    def made(self, call, ref_type) -> None:
+        """Note the regions of the names `call` makes."""
+        base = call.args[0] if call.args and isinstance(call.args[0], ref_type) else None
+        for name in call.new:
+            if not call.func.is_view:
+                self.known[name] = self._first(name)
+                continue
+            root = self.of(base.name) if base is not None else None
+            if root is None:
+                self.known[name] = Region(("name", name), *_UNKNOWN, None)
+            elif call.func is _AS_STRIDED and len(call.args) == 4 and root.key is not None:
+                sizes, strides, offset = call.args[1:4]
+                self.known[name] = _strided(root.group, tuple(sizes), tuple(strides), offset, root.key[4])
+            else:
+                self.known[name] = Region(root.group, *_UNKNOWN, None)
+
+
+def _strided(group, shape: tuple, strides: tuple, offset: int, dtype: torch.dtype) -> Region:
+    size = dtype.itemsize
+    span = sum((n - 1) * st for n, st in zip(shape, strides)) if all(shape) else -1
+    return Region(group, offset * size, (offset + span + 1) * size, (group, offset * size, shape, strides, dtype))
+
+
+def _overlap(a: Region, b: Region) -> bool:
+    return a.group == b.group and a.lo < b.hi and b.lo < a.hi
+
+
+def _same_layout(a: Region, b: Region) -> bool:
+    return a.key is not None and b.key is not None and a.key[2:] == b.key[2:]
+
+
+def _ref_names(template, ref_type) -> list:
+    if isinstance(template, ref_type):
+        return [template.name]
+    if isinstance(template, dict):
+        return [n for t in template.values() for n in _ref_names(t, ref_type)]
+    if isinstance(template, (tuple, list)):
+        return [n for t in template for n in _ref_names(t, ref_type)]
+    return []
+
+
+def _written_regions(call, regions: _Regions, ref_type) -> list:
+    positions = _written(call)
+    return [r for position, value in _arguments(call) if position in positions
+            for r in map(regions.of, _ref_names(value, ref_type)) if r is not None]
+
+
+def _visible_groups(regions: _Regions, visible: set) -> set:
+    return {r.group for r in map(regions.of, visible) if r is not None}
+
+
+def _is_elementwise_reader(call) -> bool:
+    return call.guard is None and not call.func.is_view and (
+        call.func in _ELEMENTWISE_READERS or torch.Tag.pointwise in call.func.tags)
+
+
+def _copy_pair(call, regions: _Regions, ref_type):
+    """(D, S) regions of `copy_(D, S)` between two views of one layout that do not overlap, or None."""
+    if call.func is not _COPY or len(call.args) != 2 or call.kwargs or call.guard is not None:
+        return None
+    if not all(isinstance(a, ref_type) for a in call.args):
+        return None
+    d, s = (regions.of(a.name) for a in call.args)
+    if d is None or s is None or not _same_layout(d, s) or _overlap(d, s):
+        return None
+    return d, s
+
+
+def _forward(calls: list, regions: _Regions, read_count: dict, visible: set, exact_binding, ref_type) -> list:
+    facts: dict = {}      # exact view of D -> (name of S, D's region, S's region): D holds S's values
+    by_group: dict = {}   # group -> the views in `facts` with D or S in it
+    out: list = []
+    for call in calls:
+        written = _written_regions(call, regions, ref_type)
+        if _is_elementwise_reader(call) and facts:
+            call = _substituted(call, facts, written, regions, ref_type)
+            if call is None:
+                continue  # a copy of a view into itself
+        fused = _fused(out[-1] if out else None, call, regions, read_count, visible, exact_binding, ref_type)
+        if fused is not None:
+            out[-1] = call = fused
+            written = _written_regions(call, regions, ref_type)
+        else:
+            out.append(call)
+        regions.made(call, ref_type)
+        for w in written:
+            for key in list(by_group.get(w.group, ())):
+                fact = facts.get(key)
+                if fact is not None and (_overlap(w, fact[1]) or _overlap(w, fact[2])):
+                    del facts[key]
+        pair = _copy_pair(call, regions, ref_type) if fused is None else None
+        if pair is not None:
+            d, s = pair
+            facts[d.key] = (call.args[1].name, d, s)
+            by_group.setdefault(d.group, set()).add(d.key)
+            by_group.setdefault(s.group, set()).add(d.key)
+    return out
+
+
+def _substituted(call, facts: dict, written: list, regions: _Regions, ref_type):
+    """`call` reading the source of each forwarded view it reads (not those it writes); None for a
+    copy that then copies a view into itself."""
+    positions = _written(call)
+    changed = {}
+    for position, value in _arguments(call):
+        if position in positions or not isinstance(value, ref_type):
+            continue
+        r = regions.of(value.name)
+        fact = facts.get(r.key) if r is not None and r.key is not None else None
+        if fact is not None and not any(_overlap(w, fact[2]) for w in written):
+            changed[position] = fact
+    if call.func is _COPY and 1 in changed and written and written[0].key == changed[1][2].key:
+        return None  # (written[0]: the copy's destination, now its source's own view)
+    changed = {position: ref_type(fact[0]) for position, fact in changed.items()}
+    if not changed:
+        return call
+    args = tuple(changed.get(i, a) for i, a in enumerate(call.args))
+    kwargs = {k: changed.get(k, v) for k, v in call.kwargs.items()}
+    return type(call)(call.func, args, kwargs, call.outs, call.new, call.guard)
+
+
+_OUT_OVERLOADS: dict = {}
+
+
+def _out_overload(func):
+    """The out= overload of an operation: its arguments and one kwarg-only `out`, or None."""
+    if func not in _OUT_OVERLOADS:
+        arguments = [(a.name, str(a.type)) for a in func._schema.arguments]
+        found = None
+        for name in func.overloadpacket.overloads():
+            candidate = getattr(func.overloadpacket, name)
+            schema = candidate._schema
+            outs = [a for a in schema.arguments if a.kwarg_only and a.alias_info is not None and a.alias_info.is_write]
+            rest = [(a.name, str(a.type)) for a in schema.arguments if a not in outs]
+            if len(outs) == 1 and outs[0].name == "out" and rest == arguments and len(schema.returns) == 1:
+                found = candidate
+                break
+        _OUT_OVERLOADS[func] = found
+    return _OUT_OVERLOADS[func]
+
+
+def _fused(producer, call, regions: _Regions, read_count: dict, visible: set, exact_binding, ref_type):
+    """`producer` writing into D where `call` is `copy_(D, v)` of its only read of producer's result
+    v (same shape, strides, dtype), or None."""
+    if producer is None or call.func is not _COPY or len(call.args) != 2 or call.kwargs or call.guard is not None:
+        return None
+    dst, src = call.args
+    if not (isinstance(dst, ref_type) and isinstance(src, ref_type)) or producer.new != (src.name,):
+        return None
+    if not isinstance(producer.outs, ref_type) or producer.guard is not None or producer.func.is_view \
+            or torch.Tag.pointwise not in producer.func.tags or _written(producer) or "out" in producer.kwargs:
+        return None
+    if read_count.get(src.name) != 1 or src.name in visible:
+        return None
+    d, v = regions.of(dst.name), regions.of(src.name)
+    if d is None or v is None or not _same_layout(d, v):
+        return None
+    for r in map(regions.of, _ref_names((producer.args, producer.kwargs), ref_type)):
+        if r is not None and _overlap(r, d) and (r.key is None or r.key != d.key):
+            return None  # an input partly in D: torch refuses it (or the order of writes would matter)
+    out_func = _out_overload(producer.func)
+    if out_func is None:
+        return None
+    fused = type(call)(out_func, producer.args, {**producer.kwargs, "out": dst}, None, ())
+    return fused if exact_binding(fused) else None
+
+
+def _without_dead_copies(calls: list, regions: _Regions, visible: set, ref_type) -> list:
+    """Backward: a copy into a view whose bytes nothing reads before they are overwritten whole (by
+    a copy or fill of the same view) or the call ends is dropped, unless the caller sees them."""
+    shown = _visible_groups(regions, visible)
+    needed: dict = {}  # group -> {view key (or a unique id): (lo, hi)} read later
+    kept = []
+    for index in range(len(calls) - 1, -1, -1):
+        call = calls[index]
+        overwritten = _overwritten(call, regions, ref_type)
+        if call.func is _COPY and overwritten is not None and overwritten.group not in shown and call.guard is None:
+            later = needed.get(overwritten.group, {})
+            if not any(overwritten.lo < hi and lo < overwritten.hi for lo, hi in later.values()):
+                continue  # nothing reads what it wrote
+        if overwritten is not None and overwritten.key is not None:
+            needed.get(overwritten.group, {}).pop(overwritten.key, None)
+        for position, value in _arguments(call):
+            if position == 0 and overwritten is not None:
+                continue
+            for name in _ref_names(value, ref_type):
+                r = regions.of(name)
+                if r is not None:
+                    needed.setdefault(r.group, {})[r.key if r.key is not None else (index, name)] = (r.lo, r.hi)
+        kept.append(call)
+    kept.reverse()
+    return kept
+
+
+def _overwritten(call, regions: _Regions, ref_type) -> Region | None:
+    """The region a copy or fill overwrites whole without reading it, or None."""
+    if call.func not in _OVERWRITES or call.guard is not None or not call.args or not isinstance(call.args[0], ref_type):
+        return None
+    return regions.of(call.args[0].name)
