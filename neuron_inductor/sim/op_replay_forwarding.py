@@ -198,11 +198,12 @@ def _substituted(call, facts: dict, written: list, regions: _Regions, ref_type):
             continue
         r = regions.of(value.name)
         fact = facts.get(r.key) if r is not None and r.key is not None else None
-        if fact is not None and not any(_overlap(w, fact[2]) for w in written):
-            changed[position] = fact
-    if call.func is _COPY and 1 in changed and written and written[0].key == changed[1][2].key:
-        return None  # (written[0]: the copy's destination, now its source's own view)
-    changed = {position: ref_type(fact[0]) for position, fact in changed.items()}
+        if fact is None:
+            continue
+        if call.func is _COPY and position == 1 and written and written[0].key == fact[2].key:
+            return None  # a copy of D into S, which holds D's values already
+        if not any(_overlap(w, fact[2]) for w in written):
+            changed[position] = ref_type(fact[0])
     if not changed:
         return call
     args = tuple(changed.get(i, a) for i, a in enumerate(call.args))
