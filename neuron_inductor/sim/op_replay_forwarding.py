@@ -62,8 +62,9 @@ def forwarded(calls: list, namespace: dict, layouts: dict, visible: set, exact_b
     for call in calls:
         for name in _ref_names((call.args, call.kwargs), ref_type):
             read_count[name] = read_count.get(name, 0) + 1
-    calls = _forward(calls, regions, read_count, visible, exact_binding, ref_type)
-    return _without_dead_copies(calls, regions, visible, ref_type)
+    fused: set = set()  # the out= lines made here
+    calls = _forward(calls, regions, read_count, visible, exact_binding, fused, ref_type)
+    return _without_dead_copies(calls, regions, visible, exact_binding, fused, ref_type)
 
 
 class _Regions:
@@ -157,7 +158,8 @@ def _copy_pair(call, regions: _Regions, ref_type):
     return d, s
 
 
-def _forward(calls: list, regions: _Regions, read_count: dict, visible: set, exact_binding, ref_type) -> list:
+def _forward(calls: list, regions: _Regions, read_count: dict, visible: set, exact_binding, fused_ids: set,
+             ref_type) -> list:
     facts: dict = {}      # exact view of D -> (name of S, D's region, S's region): D holds S's values
     by_group: dict = {}   # group -> the views in `facts` with D or S in it
     out: list = []
@@ -170,6 +172,7 @@ def _forward(calls: list, regions: _Regions, read_count: dict, visible: set, exa
         fused = _fused(out[-1] if out else None, call, regions, read_count, visible, exact_binding, ref_type)
         if fused is not None:
             out[-1] = call = fused
+            fused_ids.add(fused)
             written = _written_regions(call, regions, ref_type)
         else:
             out.append(call)
@@ -247,9 +250,8 @@ def _fused(producer, call, regions: _Regions, read_count: dict, visible: set, ex
     d, v = regions.of(dst.name), regions.of(src.name)
     if d is None or v is None or not _same_layout(d, v):
         return None
-    for r in map(regions.of, _ref_names((producer.args, producer.kwargs), ref_type)):
-        if r is not None and _overlap(r, d) and (r.key is None or r.key != d.key):
-            return None  # an input partly in D: torch refuses it (or the order of writes would matter)
+    if _partly_in(producer, d, regions, ref_type):
+        return None
     out_func = _out_overload(producer.func)
     if out_func is None:
         return None
@@ -257,23 +259,39 @@ def _fused(producer, call, regions: _Regions, read_count: dict, visible: set, ex
     return fused if exact_binding(fused) else None
 
 
-def _without_dead_copies(calls: list, regions: _Regions, visible: set, ref_type) -> list:
+def _partly_in(producer, d: Region, regions: _Regions, ref_type) -> bool:
+    """Whether an input of `producer` shares bytes with D other than as D's own view: torch refuses
+    such an out= (or the order of its writes would matter)."""
+    inputs = {k: v for k, v in producer.kwargs.items() if k != "out"}
+    return any(r is not None and _overlap(r, d) and (r.key is None or r.key != d.key)
+               for r in map(regions.of, _ref_names((producer.args, inputs), ref_type)))
+
+
+def _without_dead_copies(calls: list, regions: _Regions, visible: set, exact_binding, fused: set, ref_type) -> list:
     """Backward: a copy into a view whose bytes nothing reads before they are overwritten whole (by
-    a copy or fill of the same view) or the call ends is dropped, unless the caller sees them."""
+    a copy, fill or out= of the same view) or the call ends is dropped, unless the caller sees them;
+    `op(.., out=D); copy_(E, D)` with D read by nothing after becomes `op(.., out=E)`."""
     shown = _visible_groups(regions, visible)
     needed: dict = {}  # group -> {view key (or a unique id): (lo, hi)} read later
+    unread = lambda r: r.group not in shown and not any(  # noqa: E731
+        r.lo < hi and lo < r.hi for lo, hi in needed.get(r.group, {}).values())
     kept = []
     for index in range(len(calls) - 1, -1, -1):
         call = calls[index]
-        overwritten = _overwritten(call, regions, ref_type)
-        if call.func is _COPY and overwritten is not None and overwritten.group not in shown and call.guard is None:
-            later = needed.get(overwritten.group, {})
-            if not any(overwritten.lo < hi and lo < overwritten.hi for lo, hi in later.values()):
+        overwritten = _overwritten(call, regions, fused, ref_type)
+        if call.func is _COPY and overwritten is not None and call.guard is None:
+            if unread(overwritten):
                 continue  # nothing reads what it wrote
+            retargeted = _retargeted(calls[index - 1] if index else None, call, regions, fused, unread, ref_type)
+            if retargeted is not None and exact_binding(retargeted):
+                calls[index - 1] = retargeted
+                fused.add(retargeted)
+                continue
         if overwritten is not None and overwritten.key is not None:
             needed.get(overwritten.group, {}).pop(overwritten.key, None)
+        skip = "out" if call in fused else 0
         for position, value in _arguments(call):
-            if position == 0 and overwritten is not None:
+            if position == skip and overwritten is not None:
                 continue
             for name in _ref_names(value, ref_type):
                 r = regions.of(name)
@@ -284,8 +302,23 @@ def _without_dead_copies(calls: list, regions: _Regions, visible: set, ref_type)
     return kept
 
 
-def _overwritten(call, regions: _Regions, ref_type) -> Region | None:
-    """The region a copy or fill overwrites whole without reading it, or None."""
-    if call.func not in _OVERWRITES or call.guard is not None or not call.args or not isinstance(call.args[0], ref_type):
+def _retargeted(producer, call, regions: _Regions, fused: set, unread, ref_type):
+    """`producer` (an out= line made here, writing D) writing into E instead, where `call` is
+    `copy_(E, D)` between views of one layout and nothing reads D after; or None."""
+    if producer is None or producer not in fused or len(call.args) != 2 or call.kwargs:
         return None
-    return regions.of(call.args[0].name)
+    dst, src = call.args
+    if not isinstance(src, ref_type) or producer.kwargs["out"].name != src.name:
+        return None
+    e, d = regions.of(dst.name), regions.of(src.name)
+    if e is None or d is None or not _same_layout(e, d) or not unread(d) or _partly_in(producer, e, regions, ref_type):
+        return None
+    return type(call)(producer.func, producer.args, {**producer.kwargs, "out": dst}, None, ())
+
+
+def _overwritten(call, regions: _Regions, fused: set, ref_type) -> Region | None:
+    """The region a copy, fill or out= line made here overwrites whole without reading it, or None."""
+    if call.guard is not None:
+        return None
+    value = call.kwargs["out"] if call in fused else call.args[0] if call.func in _OVERWRITES and call.args else None
+    return regions.of(value.name) if isinstance(value, ref_type) else None

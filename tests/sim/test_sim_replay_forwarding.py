@@ -145,6 +145,15 @@ _CASES = {  # name: (lines, what the rewritten lines must be)
     "a result copied into the tile it was computed from: fused": (
         [_line(aten.mul.Tensor, "pT1", "c0", out="v9"), _copy("pT1", "v9"), _line(aten.mm.default, "pT1", "pM", out="v1")],
         lambda out: out[0].func is aten.mul.out and len(out) == 2),
+    "a fused result copied on into the caller's result: written there": (
+        [_line(aten.full_like.default, "pS", 0.0, out="v1"),
+         _line(aten.as_strided.default, "v1", (128, 16), (16, 1), 0, out="v8"), _copy("pD", "pS2"),
+         _line(aten.add.Tensor, "pS", "pS2", out="v9"), _copy("pD", "v9"), _copy("v8", "pD")],
+        lambda out: len(out) == 3 and out[2].func is aten.add.out and out[2].kwargs["out"].name == "v8"),
+    "a fused result copied on, its tile read after": (
+        [_line(aten.add.Tensor, "pS", "pS2", out="v9"), _copy("pD", "v9"), _copy("pE", "pD"),
+         _line(aten.mm.default, "pD", "pM", out="v1"), _line(aten.mm.default, "pE", "pM", out="v7")],
+        lambda out: len(out) == 4 and out[0].kwargs["out"].name == "pD"),
     "a guard between a result and its copy": (
         [_line(aten.add.Tensor, "pS", "pS2", out="v9"), _line(aten.any.default, "pS", guard="g0"), _copy("pD", "v9"),
          _line(aten.mm.default, "pD", "pM", out="v1")],
