@@ -131,8 +131,19 @@ def _ref_names(template, ref_type) -> list:
     return []
 
 
+_WRITTEN: dict = {}  # operation -> the positions of the arguments it writes
+_ELEMENTWISE: dict = {}  # operation -> whether it is an elementwise reader
+
+
+def _writes(call) -> set:
+    positions = _WRITTEN.get(call.func)
+    if positions is None:
+        positions = _WRITTEN[call.func] = _written(call)
+    return positions
+
+
 def _written_regions(call, regions: _Regions, ref_type) -> list:
-    positions = _written(call)
+    positions = _writes(call)
     return [r for position, value in _arguments(call) if position in positions
             for r in map(regions.of, _ref_names(value, ref_type)) if r is not None]
 
@@ -142,8 +153,10 @@ def _visible_groups(regions: _Regions, visible: set) -> set:
 
 
 def _is_elementwise_reader(call) -> bool:
-    return call.guard is None and not call.func.is_view and (
-        call.func in _ELEMENTWISE_READERS or torch.Tag.pointwise in call.func.tags)
+    func = call.func
+    if func not in _ELEMENTWISE:
+        _ELEMENTWISE[func] = not func.is_view and (func in _ELEMENTWISE_READERS or torch.Tag.pointwise in func.tags)
+    return call.guard is None and _ELEMENTWISE[func]
 
 
 def _copy_pair(call, regions: _Regions, ref_type):
@@ -194,7 +207,7 @@ def _forward(calls: list, regions: _Regions, read_count: dict, visible: set, exa
 def _substituted(call, facts: dict, written: list, regions: _Regions, ref_type):
     """`call` reading the source of each forwarded view it reads (not those it writes); None for a
     copy that then copies a view into itself."""
-    positions = _written(call)
+    positions = _writes(call)
     changed = {}
     for position, value in _arguments(call):
         if position in positions or not isinstance(value, ref_type):
@@ -243,7 +256,7 @@ def _fused(producer, call, regions: _Regions, read_count: dict, visible: set, ex
     if not (isinstance(dst, ref_type) and isinstance(src, ref_type)) or producer.new != (src.name,):
         return None
     if not isinstance(producer.outs, ref_type) or producer.guard is not None or producer.func.is_view \
-            or torch.Tag.pointwise not in producer.func.tags or _written(producer) or "out" in producer.kwargs:
+            or torch.Tag.pointwise not in producer.func.tags or _writes(producer) or "out" in producer.kwargs:
         return None
     if read_count.get(src.name) != 1 or src.name in visible:
         return None
