@@ -19,6 +19,8 @@ replay 726 of 1606 lines are such copies. Three rewrites remove them, each chang
 - out-fusion: `v = op(..); copy_(D, v)` with op elementwise, v read by nothing else and of D's
   shape, strides and dtype becomes `op(.., out=D)`, where op has an out= overload whose Python
   binding dispatches exactly it: the same iteration over the same geometry, written into D.
+  `v = clone(x); copy_(D, v)` (or `_to_copy`) becomes `copy_(D, x)`: without a dtype change the
+  same elements moved (any layouts), with one the same conversion on the same geometry.
 
 Storage is tracked per name: a kept tile by its storage and byte extent, an argument, a result or
 a tensor the replay makes by the name owning its storage (a view: its base's), with its byte
@@ -182,8 +184,13 @@ def _forward(calls: list, regions: _Regions, read_count: dict, visible: set, exa
             call = _substituted(call, facts, written, regions, ref_type)
             if call is None:
                 continue  # a copy of a view into itself
-        fused = _fused(out[-1] if out else None, call, regions, read_count, visible, exact_binding, ref_type)
-        if fused is not None:
+        producer = out[-1] if out else None
+        collapsed = _collapsed(producer, call, regions, read_count, visible, ref_type)
+        fused = None if collapsed is not None else _fused(producer, call, regions, read_count, visible,
+                                                           exact_binding, ref_type)
+        if collapsed is not None:
+            out[-1] = call = collapsed
+        elif fused is not None:
             out[-1] = call = fused
             fused_ids.add(fused)
             written = _written_regions(call, regions, ref_type)
@@ -247,19 +254,41 @@ def _out_overload(func):
     return _OUT_OVERLOADS[func]
 
 
+_COPIES = (torch.ops.aten.clone.default, torch.ops.aten._to_copy.default)
+
+
+def _single_use(producer, call, read_count: dict, visible: set, ref_type) -> bool:
+    """Whether `call` is `copy_(D, v)` of producer's result v, which nothing else reads."""
+    if producer is None or call.func is not _COPY or len(call.args) != 2 or call.kwargs or call.guard is not None:
+        return False
+    dst, src = call.args
+    return (isinstance(dst, ref_type) and isinstance(src, ref_type) and producer.new == (src.name,)
+            and isinstance(producer.outs, ref_type) and producer.guard is None
+            and read_count.get(src.name) == 1 and src.name not in visible)
+
+
+def _collapsed(producer, call, regions: _Regions, read_count: dict, visible: set, ref_type):
+    """`copy_(D, x)` where producer is `v = clone(x)` or `v = _to_copy(x)` and `call` is `copy_(D, v)`
+    of its only read, or None. Without a dtype change the two copies move the same elements as
+    one (any layouts); a conversion is made on the same geometry (D's shape and strides are v's)."""
+    if not _single_use(producer, call, read_count, visible, ref_type) or producer.func not in _COPIES \
+            or len(producer.args) != 1 or not isinstance(producer.args[0], ref_type):
+        return None
+    x, d, v = (regions.of(a.name) for a in (producer.args[0], *call.args))
+    if x is None or d is None or v is None or None in (x.key, d.key, v.key) or _overlap(x, d):
+        return None
+    if d.key[4] != v.key[4] or d.key[2] != v.key[2] or (x.key[4] != v.key[4] and d.key[3] != v.key[3]):
+        return None
+    return type(call)(_COPY, (call.args[0], producer.args[0]), {}, None, ())
+
+
 def _fused(producer, call, regions: _Regions, read_count: dict, visible: set, exact_binding, ref_type):
     """`producer` writing into D where `call` is `copy_(D, v)` of its only read of producer's result
     v (same shape, strides, dtype), or None."""
-    if producer is None or call.func is not _COPY or len(call.args) != 2 or call.kwargs or call.guard is not None:
-        return None
-    dst, src = call.args
-    if not (isinstance(dst, ref_type) and isinstance(src, ref_type)) or producer.new != (src.name,):
-        return None
-    if not isinstance(producer.outs, ref_type) or producer.guard is not None or producer.func.is_view \
+    if not _single_use(producer, call, read_count, visible, ref_type) or producer.func.is_view \
             or torch.Tag.pointwise not in producer.func.tags or _writes(producer) or "out" in producer.kwargs:
         return None
-    if read_count.get(src.name) != 1 or src.name in visible:
-        return None
+    dst, src = call.args
     d, v = regions.of(dst.name), regions.of(src.name)
     if d is None or v is None or not _same_layout(d, v):
         return None

@@ -38,7 +38,8 @@ def _tiles(dtype) -> dict:
         "pD": torch.full((128, 16), float("nan"), dtype=dtype), "pE": rand(128, 16),
         "pS": rand(128, 16), "pS2": rand(128, 16), "pM": rand(16, 8), "pCast": torch.zeros(128, 16, dtype=other),
         "pW0": wide[:, 0:16], "pW1": wide[:, 8:24], "pT0": tall[0:128], "pT1": tall[64:192],
-        "c0": torch.tensor(3.0), "a0": rand(4200),
+        "pCastW": torch.zeros(128, 64, dtype=other)[:, 0:16],
+        "c0": torch.tensor(3.0), "c1": other, "a0": rand(4200),
     }
 
 
@@ -47,6 +48,9 @@ def _run(lines: list, tiles: dict) -> dict:
     copies = {}
     env = {}
     for name, t in tiles.items():
+        if not isinstance(t, torch.Tensor):
+            env[name] = t
+            continue
         base = t._base if t._base is not None else t
         if id(base) not in copies:
             copies[id(base)] = base.clone()
@@ -154,6 +158,20 @@ _CASES = {  # name: (lines, what the rewritten lines must be)
         [_line(aten.add.Tensor, "pS", "pS2", out="v9"), _copy("pD", "v9"), _copy("pE", "pD"),
          _line(aten.mm.default, "pD", "pM", out="v1"), _line(aten.mm.default, "pE", "pM", out="v7")],
         lambda out: len(out) == 4 and out[0].kwargs["out"].name == "pD"),
+    "a clone copied into a tile of other strides: one copy": (
+        [_line(aten.clone.default, "pW0", out="v9"), _copy("pD", "v9"), _line(aten.mm.default, "pD", "pM", out="v1")],
+        lambda out: len(out) == 2 and out[0].func is aten.copy_.default and _reads(out[0]) == ["pD", "pW0"]),
+    "a cast copied on: one converting copy": (
+        [_line(aten._to_copy.default, "pS", dtype="c1", out="v9"), _copy("pCast", "v9"),
+         _line(aten.exp.default, "pCast", out="v1")],
+        lambda out: len(out) == 2 and _reads(out[0]) == ["pCast", "pS"]),
+    "a cast copied into a tile of other strides": (
+        [_line(aten._to_copy.default, "pS", dtype="c1", out="v9"), _copy("pCastW", "v9"),
+         _line(aten.exp.default, "pCastW", out="v1")],
+        lambda out: len(out) == 3 and out[0].func is aten._to_copy.default),
+    "a clone copied into a tile it overlaps": (
+        [_line(aten.clone.default, "pT0", out="v9"), _copy("pT1", "v9"), _line(aten.mm.default, "pT1", "pM", out="v1")],
+        lambda out: len(out) == 3 and out[0].func is aten.clone.default),
     "a guard between a result and its copy": (
         [_line(aten.add.Tensor, "pS", "pS2", out="v9"), _line(aten.any.default, "pS", guard="g0"), _copy("pD", "v9"),
          _line(aten.mm.default, "pD", "pM", out="v1")],
