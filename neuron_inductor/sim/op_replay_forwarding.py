@@ -42,6 +42,7 @@ _OVERWRITES = (_COPY, torch.ops.aten.fill_.Scalar, torch.ops.aten.fill_.Tensor, 
 # readers computing each output element from the same input elements whatever their address
 _ELEMENTWISE_READERS = (_COPY, torch.ops.aten._to_copy.default, torch.ops.aten.clone.default)
 _UNKNOWN = (float("-inf"), float("inf"))
+_NEW_STORAGE = {"aten::set_", "aten::resize_", "aten::resize_as_", "aten::_resize_output_", "aten::swap_"}
 
 
 class Region(NamedTuple):
@@ -59,6 +60,8 @@ def forwarded(calls: list, namespace: dict, layouts: dict, visible: set, exact_b
     `layouts`: {name: (root, shape, strides, offset, dtype)} of the recorded tensors; `visible`: the
     names the caller sees (arguments, results); `exact_binding(call)`: whether the call's Python
     binding dispatches exactly its operation."""
+    if any(call.func._schema.name in _NEW_STORAGE for call in calls):
+        return calls  # a tensor given another storage: the names' regions would not hold
     regions = _Regions(namespace, layouts)
     read_count: dict = {}
     for call in calls:

@@ -172,6 +172,10 @@ _CASES = {  # name: (lines, what the rewritten lines must be)
     "a clone copied into a tile it overlaps": (
         [_line(aten.clone.default, "pT0", out="v9"), _copy("pT1", "v9"), _line(aten.mm.default, "pT1", "pM", out="v1")],
         lambda out: len(out) == 3 and out[0].func is aten.clone.default),
+    "a tensor given another storage: nothing rewritten": (
+        [_line(aten.full_like.default, "pS", 0.0, out="v9"), _copy("pD", "pS"), _line(aten.set_.source_Tensor, "v9", "pS2"),
+         _line(aten.exp.default, "pD", out="v1")],
+        lambda out: len(out) == 4 and _reads(out[3]) == ["pD"]),
     "a guard between a result and its copy": (
         [_line(aten.add.Tensor, "pS", "pS2", out="v9"), _line(aten.any.default, "pS", guard="g0"), _copy("pD", "v9"),
          _line(aten.mm.default, "pD", "pM", out="v1")],
