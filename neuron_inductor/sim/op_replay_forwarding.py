@@ -4,7 +4,7 @@ an elementwise result written straight into the tile it was copied to.
 The interpreter stages every value through tiles: an instruction computes `v = op(..)` and copies
 it into its destination tile (`copy_(tile, v)`), a DMA copies an HBM view into an SBUF tile that
 the next instruction reads, and kept buffers are copied into one another. In attention_fwd's
-replay 726 of 1606 lines are such copies. Three rewrites remove them, each changing no bit:
+replay 726 of 1606 lines are such copies. These rewrites remove some, each changing no bit:
 
 - forwarding: after `copy_(D, S)` with D and S of one shape, strides and dtype (a copy that casts
   is not one), a later elementwise reader of exactly D's view (any name of it) reads S instead,
@@ -12,10 +12,10 @@ replay 726 of 1606 lines are such copies. Three rewrites remove them, each chang
   (only its input's address differs): the same bits. Readers whose bits may depend on where the
   data sits (matmuls, through MKL; reductions) are not forwarded; neither are views (a view of S
   could be written through) nor the written arguments of an in-place operation.
-- dead copies: a copy into a tile whose bytes nothing reads before they are overwritten whole by a
-  copy or fill of the same view (or the
-  call ends: a kept tile's first value is re-initialised by the plan where it is read) is dropped.
-  A copy into an argument, a result, or a view of them is always kept.
+- dead copies: a copy into a tile whose bytes nothing reads before a copy, fill or out= of the
+  same view overwrites them, or the call ends (a kept tile's first value is re-initialised by the
+  plan where it is read), is dropped. A copy into an argument, a result or a view of them is kept.
+  `op(.., out=D); copy_(E, D)` with D read by nothing after becomes `op(.., out=E)`.
 - out-fusion: `v = op(..); copy_(D, v)` with op elementwise, v read by nothing else and of D's
   shape, strides and dtype becomes `op(.., out=D)`, where op has an out= overload whose Python
   binding dispatches exactly it: the same iteration over the same geometry, written into D.
@@ -201,10 +201,12 @@ def _forward(calls: list, regions: _Regions, read_count: dict, visible: set, exa
             out.append(call)
         regions.made(call, ref_type)
         for w in written:
-            for key in list(by_group.get(w.group, ())):
-                fact = facts.get(key)
-                if fact is not None and (_overlap(w, fact[1]) or _overlap(w, fact[2])):
+            for key in list(by_group.get(w.group, ())):  # (every key here has its fact)
+                _, d, s = facts[key]
+                if _overlap(w, d) or _overlap(w, s):
                     del facts[key]
+                    by_group[d.group].discard(key)
+                    by_group[s.group].discard(key)
         pair = _copy_pair(call, regions, ref_type) if fused is None else None
         if pair is not None:
             d, s = pair
