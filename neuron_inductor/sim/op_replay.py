@@ -317,7 +317,10 @@ def plan_for(recorder: Recorder, result, instructions: list) -> Plan | None:
     calls, namespace = _calls(live, recorder, result_names, persistent, written)
     calls = op_replay_casts.reused(calls, namespace, result_names, _Ref)
     visible = result_names | {name for name in recorder.layouts if name[0] == "a"}
-    calls = op_replay_forwarding.forwarded(calls, namespace, recorder.layouts, visible,
+    # names made on an input's storage by operations that are no views (`_unsafe_view`): is it the first input's
+    aliasing = {name: set(op.out_keys) & set(op.in_keys) <= set(op.in_keys[:1]) for op in live
+                if not op.view and set(op.out_keys) & set(op.in_keys) for name in op.new_slots}
+    calls = op_replay_forwarding.forwarded(calls, namespace, recorder.layouts, visible, aliasing,
                                            lambda call: _faithful(call, recorder, namespace), _Ref)
     calls = _without_unread_views(calls, result_names)  # (views only the dropped copies read)
     calls = op_replay_transposes.routed(calls, namespace, _Ref)

@@ -55,14 +55,19 @@ class Region(NamedTuple):
     key: tuple | None
 
 
-def forwarded(calls: list, namespace: dict, layouts: dict, visible: set, exact_binding, ref_type) -> list:
+def forwarded(calls: list, namespace: dict, layouts: dict, visible: set, aliasing: dict, exact_binding,
+              ref_type) -> list:
     """`calls` with reads forwarded past copies, dead copies dropped and copied results fused.
     `layouts`: {name: (root, shape, strides, offset, dtype)} of the recorded tensors; `visible`: the
-    names the caller sees (arguments, results); `exact_binding(call)`: whether the call's Python
-    binding dispatches exactly its operation."""
-    if any(call.func._schema.name in _NEW_STORAGE for call in calls):
-        return calls  # a tensor given another storage: the names' regions would not hold
-    regions = _Regions(namespace, layouts)
+    names the caller sees (arguments, results); `aliasing`: {name: whether it is on its first
+    input's storage} of the names made on an input's storage by operations that are no views
+    (`_unsafe_view`); `exact_binding(call)`: whether the call's Python binding dispatches exactly
+    its operation."""
+    if not all(aliasing.values()) or any(call.func._schema.name in _NEW_STORAGE or (
+            set(call.new) & aliasing.keys() and not (call.args and isinstance(call.args[0], ref_type)))
+            for call in calls):
+        return calls  # a tensor given another storage, or an alias of no known base: regions would not hold
+    regions = _Regions(namespace, layouts, aliasing)
     read_count: dict = {}
     for call in calls:
         for name in _ref_names((call.args, call.kwargs), ref_type):
@@ -75,8 +80,8 @@ def forwarded(calls: list, namespace: dict, layouts: dict, visible: set, exact_b
 class _Regions:
     """Region of each name, as the calls make them (views share their base's group)."""
 
-    def __init__(self, namespace: dict, layouts: dict) -> None:
-        self.namespace, self.layouts, self.known = namespace, layouts, {}
+    def __init__(self, namespace: dict, layouts: dict, aliasing: set) -> None:
+        self.namespace, self.layouts, self.aliasing, self.known = namespace, layouts, aliasing, {}
 
     def of(self, name: str) -> Region | None:
         region = self.known.get(name)
@@ -99,7 +104,7 @@ class _Regions:
         """Note the regions of the names `call` makes."""
         base = call.args[0] if call.args and isinstance(call.args[0], ref_type) else None
         for name in call.new:
-            if not call.func.is_view:
+            if not call.func.is_view and name not in self.aliasing:
                 self.known[name] = self._first(name)
                 continue
             root = self.of(base.name) if base is not None else None

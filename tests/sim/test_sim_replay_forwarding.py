@@ -66,11 +66,14 @@ def _run(lines: list, tiles: dict) -> dict:
 
 
 def _forwarded(lines: list, tiles: dict, visible=("v1", "a0")) -> list:
-    env = _run(lines, tiles)  # (the layouts the recorder would have noted)
+    env = _run(lines, tiles)  # (the layouts and aliases the recorder would have noted)
     layouts = {n: (n, tuple(t.shape), t.stride(), t.storage_offset(), t.dtype) for n, t in env.items()
                if n[0] in "av" and isinstance(t, torch.Tensor)}
+    storage = lambda name: env[name].untyped_storage().data_ptr()  # noqa: E731
+    aliasing = {line.outs.name: True for line in lines if line.new and not line.func.is_view
+                and storage(line.outs.name) == storage(line.args[0].name)}
     namespace = {n: t for n, t in tiles.items() if n[0] in "pc"}
-    return op_replay_forwarding.forwarded(lines, namespace, layouts, set(visible), lambda line: True, _Ref)
+    return op_replay_forwarding.forwarded(lines, namespace, layouts, set(visible), aliasing, lambda line: True, _Ref)
 
 
 def _bits(t: torch.Tensor) -> torch.Tensor:
@@ -176,6 +179,10 @@ _CASES = {  # name: (lines, what the rewritten lines must be)
         [_line(aten.full_like.default, "pS", 0.0, out="v9"), _copy("pD", "pS"), _line(aten.set_.source_Tensor, "v9", "pS2"),
          _line(aten.exp.default, "pD", out="v1")],
         lambda out: len(out) == 4 and _reads(out[3]) == ["pD"]),
+    "the source's storage written through an operation returning an alias": (
+        [_line(aten.clone.default, "pS", out="v9"), _line(aten._unsafe_view.default, "v9", [128, 16], out="v8"),
+         _copy("pD", "v8"), _line(aten.mul_.Tensor, "v9", "c0"), _line(aten.exp.default, "pD", out="v1")],
+        lambda out: len(out) == 5 and _reads(out[4]) == ["pD"]),
     "a guard between a result and its copy": (
         [_line(aten.add.Tensor, "pS", "pS2", out="v9"), _line(aten.any.default, "pS", guard="g0"), _copy("pD", "v9"),
          _line(aten.mm.default, "pD", "pM", out="v1")],
