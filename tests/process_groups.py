@@ -2,11 +2,12 @@
 
 `dist.destroy_process_group()` deregisters the groups, but torch keeps each one alive through every
 DeviceMesh made over it: DTensor specs and compile caches hold copies of the mesh (27 in a tp_sp
-rank), each with its own name -> group registry. So the gloo backend's threads (two
-`pt_gloo_runloop` workers and the `gloo_tcp_loop` socket thread) ran on through interpreter
-shutdown and `exit()`: the group was never destructed (its destructor is what joins them). A rank
-exiting with them live aborted once in a full suite run: SIGABRT, "terminate called without an
-active exception" (pytorch/pytorch#65513, #190489 report the same abort for the same leak).
+rank), each with its own name -> group registry. So the group was never destructed (its destructor
+is what joins the gloo backend's threads: two `pt_gloo_runloop` workers and the `gloo_tcp_loop`
+socket thread), and they ran on through interpreter shutdown and `exit()`. That is the likely
+cause of a rank aborting once in a full suite run with SIGABRT, "terminate called without an
+active exception" (not reproduced in 15 reruns; pytorch/pytorch#65513 and #190489 report that
+abort for a gloo group not destroyed before exit).
 
 `destroy_process_groups()` drops the meshes' registries once their groups are destroyed (a mesh
 is unusable then), so the last reference goes now and each group's destructor joins its threads
