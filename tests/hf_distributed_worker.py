@@ -25,7 +25,7 @@ from transformers import LlamaForCausalLM  # noqa: E402
 from transformers.distributed import DistributedConfig  # noqa: E402
 
 import neuron_inductor  # noqa: E402
-from tests.process_groups import destroy_process_groups  # noqa: E402
+from tests.process_groups import destroy_process_groups
 
 BATCH, SEQ, STEPS, LR = 2, 32, 3, 0.5
 

@@ -47,8 +47,8 @@ def destroy_process_groups() -> None:
 
 def _registry(mesh: DeviceMesh) -> dict:
     """The mesh's name -> process group registry (torch 2.13's `DeviceMesh._pg_registry`)."""
-    registry = getattr(mesh, "_pg_registry", None)
-    if not isinstance(registry, dict):
-        raise RuntimeError("DeviceMesh has no `_pg_registry` dict in this torch version: update "
-                           "tests/process_groups.py to drop the mesh's references to its process groups")
-    return registry
+    try:
+        return mesh._pg_registry
+    except AttributeError:
+        raise RuntimeError("DeviceMesh has no `_pg_registry` in this torch version: update tests/process_groups.py "
+                           "to drop the mesh's references to its process groups") from None
