@@ -329,9 +329,11 @@ def plan_for(recorder: Recorder, result, instructions: list) -> Plan | None:
     if guards and writes_arg and writes_arg[0] < guards[-1]:
         return None  # a guard after an argument was written: a failed replay could not fall back
     written = {k for op in ops for k in op.writes}
-    skipped = op_replay_fills.skippable(live, recorder.layouts, recorder.arg_keys | result_keys, persistent)
+    skipped = op_replay_fills.skippable(live, recorder.layouts, recorder.arg_keys | result_keys)
+    # a skipped fill goes; a skipped output's torch.full becomes torch.empty; a kept tile whose fill is
+    # skipped is no longer re-initialised per call (nothing reads what the last call left in it)
     live = [op if i not in skipped else _as_empty(op) for i, op in enumerate(live)
-            if i not in skipped or op.func is _FULL]
+            if i not in skipped or (op.func is _FULL and op.new_slots[0] not in persistent)]
     calls, namespace = _calls(live, recorder, result_names, persistent, written)
     calls = op_replay_casts.reused(calls, namespace, result_names, _Ref)
     visible = result_names | {name for name in recorder.layouts if name[0] == "a"}

@@ -5,9 +5,10 @@ The interpreter fills each new tile (and each shared_hbm output) as the real sim
 kernel reading memory it never wrote sees NaN. Most kernels then write the tile piece by piece
 (a matmul's N columns of a PSUM bank, one DMA per row block), which storage-level liveness
 (op_replay._mark_live) cannot tell from a read of the fill. Here each element is followed: a fill
-is dropped (an output's `full` becomes `empty`) when, in the kept operations after it, every
-element it set is overwritten before any operation reads it, and its storage is not the caller's.
-Nothing reads a dropped fill's values, so no bit changes.
+is dropped (an output's `full` becomes `empty`; a kept tile's `full` is no longer copied back in on
+each call) when, in the kept operations after it, every element it set is overwritten before any
+operation reads it, and its storage is not the caller's. Nothing reads a dropped fill's values (nor
+what an earlier call left in a kept tile), so no bit changes.
 """
 
 from __future__ import annotations
@@ -28,8 +29,8 @@ MAX_ELEMENTS = 1 << 24  # a storage larger than this is not followed (its fill i
 MAX_FOLLOW_ELEMENTS = 1 << 26
 
 
-def skippable(live: list, layouts: dict, caller_keys: set, persistent: dict) -> set:
-    """Indices into `live` of the fills (and outputs' `full`) whose values nothing reads."""
+def skippable(live: list, layouts: dict, caller_keys: set) -> set:
+    """Indices into `live` of the fills (and the `full`s of outputs and kept tiles) whose values nothing reads."""
     touching: dict = {}  # storage key -> indices of the operations reading, writing or making it
     for index, op in enumerate(live):
         if not op.view:
@@ -38,7 +39,7 @@ def skippable(live: list, layouts: dict, caller_keys: set, persistent: dict) -> 
     found = set()
     for index, op in enumerate(live):
         name = _filled(op)
-        if name is None or (op.func is _FULL and name in persistent):
+        if name is None:
             continue
         key = op.out_keys[0] if op.func is _FULL else op.in_keys[0]
         if key in caller_keys and op.func is not _FULL:

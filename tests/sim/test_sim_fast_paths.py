@@ -465,6 +465,43 @@ def test_fills_nothing_reads_are_skipped_with_the_same_bits():
     assert torch.ops.aten.fill_.Scalar not in seen.funcs and torch.ops.aten.full.default not in seen.funcs
 
 
+def _reads_a_tile_before_writing_it(x):
+    """Copies out a tile's fill (never written yet), then writes the tile: each call must read the
+    fill again, not what the call before wrote."""
+    t = nl.ndarray(x.shape, nl.float32)
+    before = nl.ndarray(x.shape, nl.float32)
+    nisa.tensor_copy(before, t)
+    nisa.dma_copy(dst=t, src=x)
+    out = nl.ndarray(x.shape, nl.float32, buffer=nl.shared_hbm)
+    nisa.tensor_tensor(dst=t, data1=t, data2=before, op=nl.add)
+    nisa.dma_copy(dst=out, src=t)
+    return out
+
+
+def _reinitialised(plan) -> set:
+    """The kept tiles a plan copies its first value back into on each call."""
+    return {name for name in plan.function.__globals__ if name.startswith("iv")}
+
+
+def test_kept_tiles_are_re_filled_per_call_only_where_their_fill_is_read():
+    """A kept (persistent) tile's NaN fill is copied back in on each call only when an element of
+    it is read before being written: PSUM banks written in column blocks are not re-filled."""
+    sim_replay.forget()
+    w = torch.randn(64, 96)
+    for func, make, reads_fill in [
+            (_column_blocks, lambda call: (torch.randn(64, 128, generator=torch.Generator().manual_seed(call)), w), False),
+            (_reads_a_tile_before_writing_it, lambda call: (torch.randn(8, 24, generator=torch.Generator().manual_seed(call)),), True)]:
+        found = {}
+        for replay in (True, False):
+            kernel = sim.Kernel(func, replay=replay)
+            found[replay] = [_traced(lambda: kernel(*make(call))) for call in range(3)]
+        for (out, ops), (ref_out, ref_ops) in zip(found[True], found[False]):
+            assert ops == ref_ops and torch.equal(_bits(out), _bits(ref_out))
+        assert bool(torch.isnan(found[True][-1][0]).all()) is reads_fill  # NaN + x: the fill was read
+        plan = next(p for (f, _), p in sim_replay._PLANS.items() if f is func)
+        assert type(plan) is op_replay.Plan and bool(_reinitialised(plan)) is reads_fill, func.__name__
+
+
 @pytest.mark.parametrize("replay", [False, True])
 def test_a_dispatch_mode_around_a_kernel_call_sees_none_of_its_operations(replay):
     """A kernel's torch operations are the device's work: a mode around the call (AOTAutograd's
