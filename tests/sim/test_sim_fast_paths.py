@@ -627,11 +627,84 @@ def test_transposing_copies_route_only_between_separate_regions(dtype):
     for name, (dst, src, routed) in cases.items():
         namespace = {"pdst": dst, "psrc": src}
         expected = dst.clone().copy_(src)
-        calls = op_replay_transposes.routed([_copy_call("pdst", "psrc")], namespace, op_replay._Ref)
+        calls = op_replay_transposes.routed([_copy_call("pdst", "psrc")], namespace, {}, op_replay._Ref)
         assert len(calls) == (2 if routed else 1), name
         if name != "overlapping":  # (left to torch's copy_ as recorded)
             _run_calls(calls, namespace)
             assert torch.equal(_bits(namespace["pdst"]), _bits(expected)), name
+
+
+def _transposed_load(x):
+    """dma_transpose of each 128-column block of an HBM argument into a panel (its rows are as far
+    apart as its columns make them), then the panel back to HBM."""
+    rows, cols = x.shape
+    out = nl.ndarray((cols, rows), dtype=x.dtype, buffer=nl.shared_hbm)
+    panel = nl.ndarray((128, cols // 128, rows), dtype=x.dtype, buffer=nl.sbuf)
+    for c in nl.affine_range(cols // 128):
+        nisa.dma_transpose(dst=panel[:, c, :], src=x[:, 128 * c:128 * c + 128])
+    for c in nl.affine_range(cols // 128):
+        nisa.dma_copy(dst=out[128 * c:128 * c + 128, :], src=panel[:, c, :])
+    return out
+
+
+@pytest.mark.parametrize("dtype, cols, routed", [
+    (torch.bfloat16, 1024, True), (torch.float32, 512, True),  # rows 2 KiB apart
+    (torch.bfloat16, 1408, False), (torch.float32, 640, False),  # 2816 and 2560 B apart: copied directly
+])
+@pytest.mark.parametrize("rows", [128, 100])
+def test_transposing_loads_out_of_arguments_replay_with_the_same_bits_and_trace(dtype, cols, routed, rows):
+    make = lambda call: torch.randn(rows, cols, generator=torch.Generator().manual_seed(call)).to(dtype)
+    runs = _runs(_transposed_load, make)
+    for (out, arg, ops), (ref_out, ref_arg, ref_ops) in zip(runs[True], runs[False]):
+        assert ops == ref_ops and torch.equal(_bits(out), _bits(ref_out)) and torch.equal(_bits(arg), _bits(ref_arg))
+        assert torch.equal(_bits(out), _bits(arg.t().contiguous()))
+    plans = [p for (f, _), p in sim_replay._PLANS.items() if f is _transposed_load]
+    assert isinstance(plans[-1], op_replay.Plan)
+    scratches = sum(name.endswith("_scratch") for name in plans[-1].function.__globals__)
+    assert scratches == (cols // 128 if routed else 0)
+
+
+def _run_calls_with_results(calls, namespace):
+    for call in calls:
+        value = call.func(*(namespace[a.name] if isinstance(a, op_replay._Ref) else a for a in call.args))
+        if call.new:
+            namespace[call.outs.name] = value
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_transposing_loads_route_only_argument_views_whose_rows_alias(dtype):
+    """A copy into a kept tile out of an argument's view (made by one as_strided of it) is routed when
+    the view's step along the tile's rows is a multiple of 2 KiB, also when it converts on the way;
+    not a step of 2816 B, a copy that does not transpose, or a view of another dtype than its root."""
+    gen = torch.Generator().manual_seed(5)
+    elements = 2048 // torch.empty((), dtype=dtype).element_size()  # a row of 2 KiB
+    nan = lambda t=dtype: torch.full((128, 128), float("nan"), dtype=t)
+    cases = {  # name: (argument, view (sizes, strides, offset), view dtype, dst, routed)
+        "transposing": (torch.randn(256, elements, generator=gen).to(dtype), ((128, 128), (1, elements), 128), dtype,
+                        nan(), True),
+        "converting": (torch.randn(256, elements, generator=gen).to(dtype) * 1e3 + 1 / 3,
+                       ((128, 128), (1, elements), 0), dtype, nan(torch.bfloat16 if dtype is torch.float32 else torch.float32),
+                       True),
+        "2816 B": (torch.randn(256, 2816 // (2048 // elements), generator=gen).to(dtype),
+                   ((128, 128), (1, 2816 // (2048 // elements)), 0), dtype, nan(), False),
+        "not transposing": (torch.randn(256, elements, generator=gen).to(dtype), ((128, 128), (elements, 1), 0), dtype,
+                            nan(), False),
+        "dtype view": (torch.randn(256, elements, generator=gen).to(dtype), ((128, 128), (1, elements), 0),
+                       torch.int16 if dtype is torch.bfloat16 else torch.int32, nan(), False),
+    }
+    for name, (arg, (sizes, strides, offset), view_dtype, dst, routed) in cases.items():
+        layouts = {"a0": ("a0", tuple(arg.shape), arg.stride(), 0, arg.dtype),
+                   "v1": ("a0", sizes, strides, offset, view_dtype)}
+        make_view = op_replay._Call(torch.ops.aten.as_strided.default, (op_replay._Ref("a0"), sizes, strides, offset),
+                                    {}, op_replay._Ref("v1"), ("v1",))
+        namespace = {"pdst": dst, "a0": arg}
+        calls = op_replay_transposes.routed([make_view, _copy_call("pdst", "v1")], namespace, layouts, op_replay._Ref)
+        assert len(calls) == (4 if routed else 2), name  # (the recorded view is left to the unread-view pass)
+        if view_dtype is not dtype:
+            continue
+        expected = dst.clone().copy_(arg.as_strided(sizes, strides, offset))
+        _run_calls_with_results(calls, namespace)
+        assert torch.equal(_bits(namespace["pdst"]), _bits(expected)), name
 
 
 # -- repeated casts of an unchanged tile reused (sim/op_replay_casts.py) -----------------------------
