@@ -315,7 +315,7 @@ def plan_for(recorder: Recorder, result, instructions: list) -> Plan | None:
     live = [op if i not in skipped else _as_empty(op) for i, op in enumerate(live)
             if i not in skipped or op.func is _FULL]
     calls, namespace = _calls(live, recorder, result_names, persistent, written)
-    calls = op_replay_casts.reused(calls, namespace, result_names, _Ref)
+    calls = op_replay_casts.hoisted(op_replay_casts.reused(calls, namespace, result_names, _Ref), namespace, _Ref)
     # (a routed load out of an argument makes its own view of it: the recorded one may go unread)
     calls = _without_unread_views(op_replay_transposes.routed(calls, namespace, recorder.layouts, _Ref), result_names)
     # Python bindings where they dispatch exactly the recorded operation, else the operation object

@@ -728,20 +728,27 @@ def _stationary_reused(a, b):
     return out
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_reused_casts_replay_with_the_same_bits_and_trace(dtype):
+def _replayed_and_not(kernel_func, a_cols: int, dtype) -> list:
+    """The last call's (out, a, b) of three calls of kernel_func(a [128, a_cols], b [128, 256]) on
+    fresh inputs, after checking that replayed calls give the slow path's bits and trace."""
     found = {}
     for replay in (True, False):
-        kernel = sim.Kernel(_stationary_reused, replay=replay)
+        kernel = sim.Kernel(kernel_func, replay=replay)
         found[replay] = []
         for call in range(3):
             gen = torch.Generator().manual_seed(call)
-            a, b = torch.randn(128, 128, generator=gen).to(dtype), torch.randn(128, 256, generator=gen).to(dtype)
+            a, b = torch.randn(128, a_cols, generator=gen).to(dtype), torch.randn(128, 256, generator=gen).to(dtype)
             out, ops = _traced(lambda: kernel(a, b))
-            found[replay].append((out.clone(), ops))
-    for (out, ops), (ref_out, ref_ops) in zip(found[True], found[False]):
+            found[replay].append((out.clone(), ops, a, b))
+    for (out, ops, _, _), (ref_out, ref_ops, _, _) in zip(found[True], found[False]):
         assert ops == ref_ops and torch.equal(_bits(out), _bits(ref_out))
-    out = found[True][-1][0]
+    out, _, a, b = found[True][-1]
+    return out, a, b
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_reused_casts_replay_with_the_same_bits_and_trace(dtype):
+    out, _, _ = _replayed_and_not(_stationary_reused, 128, dtype)
     assert not torch.equal(out[2], out[0])  # the scaled tile was used
 
 
@@ -777,3 +784,56 @@ def test_a_cast_is_reused_only_while_its_tile_and_both_results_are_unchanged():
                     _in_place("v3")]
     assert len(reused([_cast("v1", "pa"), _cast("v2", "pa")] + through_view[1:])) == 4  # written through a view
     assert len(reused(repeat, results=["v2"])) == 3  # returned to the caller
+
+
+def _order(calls) -> list:
+    return [(c.func._schema.name.split("::")[1], c.new[0] if c.new else c.args[0].name) for c in calls]
+
+
+def test_a_cast_moves_up_to_just_after_the_last_write_that_may_reach_what_it_reads():
+    tile, other = torch.randn(128, 256).to(torch.bfloat16), torch.randn(128, 256).to(torch.bfloat16)
+    namespace = {"c0": torch.float32, "c1": torch.tensor(3.0), "pa": tile[:, 0:128], "pc": tile[:, 128:256],
+                 "po": other[:, 0:128]}
+    hoisted = lambda calls: _order(op_replay_casts.hoisted(calls, namespace, op_replay._Ref))
+    # written, then other tiles and the tile's other half: the cast follows the write of its half
+    calls = [_in_place("pa"), _in_place("po"), _in_place("pc"), _read("po", "pc"), _cast("v1", "pa")]
+    assert hoisted(calls) == [("mul_", "pa"), ("_to_copy", "v1"), ("mul_", "po"), ("mul_", "pc"), ("add", "vsum")]
+    # written again later: it follows the last write
+    calls = [_in_place("pa"), _in_place("po"), _in_place("pa"), _in_place("pc"), _cast("v1", "pa")]
+    assert hoisted(calls) == [("mul_", "pa"), ("mul_", "po"), ("mul_", "pa"), ("_to_copy", "v1"), ("mul_", "pc")]
+    # a write through a view made at run time may reach the whole tile: the cast follows it
+    view = op_replay._Call(torch.ops.aten.as_strided.default, (op_replay._Ref("pc"), (128, 64), (256, 1), 64), {},
+                           op_replay._Ref("v2"), ("v2",))
+    calls = [_in_place("pa"), view, _in_place("v2"), _in_place("po"), _cast("v1", "pa")]
+    assert hoisted(calls) == [("mul_", "pa"), ("as_strided", "v2"), ("mul_", "v2"), ("_to_copy", "v1"), ("mul_", "po")]
+    # never written in the plan (a value kept from an earlier call): stays where it is
+    calls = [_in_place("po"), _in_place("pc"), _cast("v1", "pa")]
+    assert hoisted(calls) == _order(calls)
+
+
+def _panel_matmuls(a, b):
+    """A stationary panel loaded block by block, one block scaled after the loads, then one matmul
+    per block: each block's cast moves up to its DMA, the scaled one's to the scaling."""
+    blocks = a.shape[1] // 128
+    out = nl.ndarray((blocks, 128, 256), dtype=nl.float32, buffer=nl.shared_hbm)
+    panel = nl.ndarray((128, blocks, 128), dtype=a.dtype, buffer=nl.sbuf)
+    m = nl.ndarray((128, 256), dtype=b.dtype, buffer=nl.sbuf)
+    for c in nl.affine_range(blocks):
+        nisa.dma_copy(dst=panel[:, c, :], src=a[:, 128 * c:128 * c + 128])
+    nisa.dma_copy(dst=m, src=b)
+    nisa.tensor_scalar(dst=panel[:, 1, :], data=panel[:, 1, :], op0=nl.multiply, operand0=3.0)
+    for c in nl.affine_range(blocks):
+        p = nl.ndarray((128, 256), dtype=nl.float32, buffer=nl.psum)
+        nisa.nc_matmul(dst=p, stationary=panel[:, c, :], moving=m, accumulate=False)
+        t = nl.ndarray((128, 256), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_copy(dst=t, src=p)
+        nisa.dma_copy(dst=out[c], src=t)
+    return out
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_hoisted_casts_replay_with_the_same_bits_and_trace(dtype):
+    out, a, b = _replayed_and_not(_panel_matmuls, 1024, dtype)
+    expected = torch.stack([a[:, 128 * c:128 * c + 128].float().t() @ b.float() for c in range(8)])
+    expected[1] = (a[:, 128:256].float() * 3.0).to(dtype).float().t() @ b.float()  # the scaled block, as stored
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-4)
