@@ -32,7 +32,7 @@ def reused(calls: list, namespace: dict, result_names: set, ref_type) -> list:
             for name in call.new:
                 base_of[name] = call.args[0].name
         written = _written(call)
-        for position, value in _arguments(call):
+        for position, value in _arguments(call) if written else ():
             if isinstance(value, ref_type) and position in written:
                 name = value.name
                 while name is not None and name not in unsafe:
@@ -52,7 +52,7 @@ def reused(calls: list, namespace: dict, result_names: set, ref_type) -> list:
                 continue
             cache[key] = call.new[0]
         written = _written(call)
-        for position, value in _arguments(call):
+        for position, value in _arguments(call) if written else ():
             if isinstance(value, ref_type) and position in written:
                 changed, lo, hi = _region(value.name, namespace, storage_of)
                 for k in [k for k in cache if k[0] == changed and k[1] < hi and lo < k[2]]:
@@ -86,7 +86,7 @@ def hoisted(calls: list, namespace: dict, ref_type) -> list:
                 after.setdefault(writer, []).append(call)
                 moved.add(index)
         written = _written(call)
-        for position, value in _arguments(call):
+        for position, value in _arguments(call) if written else ():
             if isinstance(value, ref_type) and position in written:
                 region = _region(value.name, namespace, storage_of)
                 target = namespace.get(value.name) if value.name not in storage_of else None
@@ -160,10 +160,17 @@ def _region(name: str, namespace: dict, storage_of: dict) -> tuple:
     return name, float("-inf"), float("inf")
 
 
-def _written(call) -> set:
+_WRITTEN: dict = {}  # operation -> what _written gives (its schema's, looked up once)
+
+
+def _written(call) -> frozenset:
     """Positions (and keyword names) of the arguments the call writes."""
-    return {argument.name if argument.kwarg_only else i for i, argument in enumerate(call.func._schema.arguments)
-            if argument.alias_info is not None and argument.alias_info.is_write}
+    found = _WRITTEN.get(call.func)
+    if found is None:
+        found = _WRITTEN[call.func] = frozenset(
+            argument.name if argument.kwarg_only else i for i, argument in enumerate(call.func._schema.arguments)
+            if argument.alias_info is not None and argument.alias_info.is_write)
+    return found
 
 
 def _arguments(call):
