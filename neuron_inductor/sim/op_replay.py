@@ -30,7 +30,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode_stack
 from torch.utils.weak import WeakIdKeyDictionary
 
-from . import op_replay_bindings, op_replay_casts, op_replay_fills, op_replay_transposes, tracing
+from . import op_replay_bindings, op_replay_casts, op_replay_fills, op_replay_forwarding, op_replay_transposes, tracing
 
 MAX_OPS = 200_000  # recorded operations per kernel: bounds the generated function's size (larger: slow path)
 
@@ -315,9 +315,17 @@ def plan_for(recorder: Recorder, result, instructions: list) -> Plan | None:
     live = [op if i not in skipped else _as_empty(op) for i, op in enumerate(live)
             if i not in skipped or op.func is _FULL]
     calls, namespace = _calls(live, recorder, result_names, persistent, written)
-    calls = op_replay_casts.hoisted(op_replay_casts.reused(calls, namespace, result_names, _Ref), namespace, _Ref)
-    # (a routed load out of an argument makes its own view of it: the recorded one may go unread)
-    calls = _without_unread_views(op_replay_transposes.routed(calls, namespace, recorder.layouts, _Ref), result_names)
+    calls = op_replay_casts.reused(calls, namespace, result_names, _Ref)
+    visible = result_names | {name for name in recorder.layouts if name[0] == "a"}
+    # names made on an input's storage by operations that are no views (`_unsafe_view`): is it the first input's
+    aliasing = {name: set(op.out_keys) & set(op.in_keys) <= set(op.in_keys[:1]) for op in live
+                if not op.view and set(op.out_keys) & set(op.in_keys) for name in op.new_slots}
+    calls = op_replay_forwarding.forwarded(calls, namespace, recorder.layouts, visible, aliasing,
+                                           lambda call: _faithful(call, recorder, namespace), _Ref)
+    calls = op_replay_transposes.routed(op_replay_casts.hoisted(calls, namespace, _Ref), namespace, recorder.layouts,
+                                        _Ref)
+    # views only the dropped copies read, and the recorded views of arguments a routed load replaced
+    calls = _without_unread_views(calls, result_names)
     # Python bindings where they dispatch exactly the recorded operation, else the operation object
     function = _generate(calls, recorder, result_template, result_names, namespace,
                          _unfaithful_bindings(calls, recorder, namespace))
@@ -564,29 +572,31 @@ def _collect_names(template, found: set) -> None:
 def _unfaithful_bindings(calls: list, recorder: Recorder, namespace: dict) -> set:
     """The operations whose Python binding dispatches anything but them on one of their lines
     (probed on meta tensors of the lines' layouts, op_replay_bindings)."""
-    bindings, slow = {}, set()
-
-    def spec_of(ref):
-        name = ref.name
-        if name[0] in "pi":  # a kept buffer, or a copy of its first value
-            t = namespace[name]
-            return op_replay_bindings.TensorSpec(tuple(t.shape), t.stride(), t.dtype)
-        if name[0] == "c":
-            return namespace[name]
-        _, shape, stride, _, dtype = recorder.layouts[name]
-        return op_replay_bindings.TensorSpec(shape, stride, dtype)
-
-    def spec(template):
-        return map_refs(template, spec_of)
-
+    slow: set = set()
     for call in calls:
-        if call.func not in bindings:
-            bindings[call.func] = _binding(call.func)
-        binding = bindings[call.func]
-        if binding is not None and call.func not in slow and not op_replay_bindings.dispatches_exactly(
-                call.func, binding, spec(call.args), spec(call.kwargs)):
+        if call.func not in slow and not _faithful(call, recorder, namespace):
             slow.add(call.func)
     return slow
+
+
+def _faithful(call: _Call, recorder: Recorder, namespace: dict) -> bool:
+    """Whether the line may call a Python binding: one that dispatches exactly its operation."""
+    binding = _binding(call.func)
+    if binding is None:
+        return False
+    spec = lambda template: map_refs(template, lambda ref: _spec(ref.name, recorder, namespace))  # noqa: E731
+    return op_replay_bindings.dispatches_exactly(call.func, binding, spec(call.args), spec(call.kwargs))
+
+
+def _spec(name: str, recorder: Recorder, namespace: dict):
+    """A line's argument as the binding probe takes it."""
+    if name[0] in "pi":  # a kept buffer, or a copy of its first value
+        t = namespace[name]
+        return op_replay_bindings.TensorSpec(tuple(t.shape), t.stride(), t.dtype)
+    if name[0] == "c":
+        return namespace[name]
+    _, shape, stride, _, dtype = recorder.layouts[name]
+    return op_replay_bindings.TensorSpec(shape, stride, dtype)
 
 
 def _same(a, b) -> bool:
