@@ -10,10 +10,12 @@ Not reused: a cast whose result (or its first one's) is written anywhere, itself
 (that would change both), or is returned to the caller; a write to a tile forgets the casts of the
 bytes it may reach (a write through a view that is no kept tile: all of the tile's casts).
 
-The casts left are moved up to just after the last write that may reach what they read (`hoisted`):
-a matmul panel's [128, 128] stationary tiles are rows of 256 B 16 KiB apart, each in a page of its
-own, and in matmul order the panel's DMA was long ago (3x slower than right after it, when the bytes
-are still in cache). Nothing between the two places writes those bytes, so the cast reads the same.
+The casts left of tiles whose rows are a page apart or more are moved up to just after the last
+write that may reach what they read (`hoisted`): a matmul panel's [128, 128] stationary tiles are
+rows of 256 B 16 KiB apart, each in a page of its own, and in matmul order the panel's DMA was long
+ago (3x slower than right after it, when the bytes are still in cache). Nothing between the two
+places writes those bytes, so the cast reads the same. (Moving the attention kernels' casts, rows
+2 KiB apart, made those kernels 16-19% slower.)
 """
 
 from __future__ import annotations
@@ -65,11 +67,14 @@ def reused(calls: list, namespace: dict, result_names: set, ref_type) -> list:
 
 
 HOIST_SCAN = 64  # earlier writes to the cast's storage looked at for the one it must follow
+HOIST_ROW_BYTES = 4096  # only casts whose rows are a page apart or more are moved (each row a miss of its own);
+# closer rows (an attention tile's 2 KiB) convert as fast in place, and moved up their results stay live longer
 
 
 def hoisted(calls: list, namespace: dict, ref_type) -> list:
-    """`calls` with each cast of a kept tile moved up to just after the last call that may write the
-    bytes it reads (kept in place when that write is not among the storage's last HOIST_SCAN)."""
+    """`calls` with each cast of a kept tile whose rows are HOIST_ROW_BYTES apart or more moved up to
+    just after the last call that may write the bytes it reads (kept in place when that write is not
+    among the storage's last HOIST_SCAN)."""
     storage_of: dict = {}
     writes: dict = {}  # storage -> [(call index, first byte, end byte)] in order
     after: dict = {}   # call index -> the casts moved to just after it
@@ -79,7 +84,7 @@ def hoisted(calls: list, namespace: dict, ref_type) -> list:
             source = namespace[call.args[0].name]
             storage, lo, hi = byte_extent(source)
             rows = _row_band(source)
-            earlier = writes.get(storage, ())
+            earlier = writes.get(storage, ()) if rows is not None and rows[0] >= HOIST_ROW_BYTES else ()
             writer = next((i for i, w_lo, w_hi, w_rows in reversed(earlier[-HOIST_SCAN:])
                            if w_lo < hi and lo < w_hi and not _apart(rows, w_rows)), None)
             if writer is not None and writer < index - 1:

@@ -791,7 +791,7 @@ def _order(calls) -> list:
 
 
 def test_a_cast_moves_up_to_just_after_the_last_write_that_may_reach_what_it_reads():
-    tile, other = torch.randn(128, 256).to(torch.bfloat16), torch.randn(128, 256).to(torch.bfloat16)
+    tile, other = torch.randn(128, 2048).to(torch.bfloat16), torch.randn(128, 256).to(torch.bfloat16)  # rows 4 KiB
     namespace = {"c0": torch.float32, "c1": torch.tensor(3.0), "pa": tile[:, 0:128], "pc": tile[:, 128:256],
                  "po": other[:, 0:128]}
     hoisted = lambda calls: _order(op_replay_casts.hoisted(calls, namespace, op_replay._Ref))
@@ -802,18 +802,22 @@ def test_a_cast_moves_up_to_just_after_the_last_write_that_may_reach_what_it_rea
     calls = [_in_place("pa"), _in_place("po"), _in_place("pa"), _in_place("pc"), _cast("v1", "pa")]
     assert hoisted(calls) == [("mul_", "pa"), ("mul_", "po"), ("mul_", "pa"), ("_to_copy", "v1"), ("mul_", "pc")]
     # a write through a view made at run time may reach the whole tile: the cast follows it
-    view = op_replay._Call(torch.ops.aten.as_strided.default, (op_replay._Ref("pc"), (128, 64), (256, 1), 64), {},
+    view = op_replay._Call(torch.ops.aten.as_strided.default, (op_replay._Ref("pc"), (128, 64), (2048, 1), 64), {},
                            op_replay._Ref("v2"), ("v2",))
     calls = [_in_place("pa"), view, _in_place("v2"), _in_place("po"), _cast("v1", "pa")]
     assert hoisted(calls) == [("mul_", "pa"), ("as_strided", "v2"), ("mul_", "v2"), ("_to_copy", "v1"), ("mul_", "po")]
     # never written in the plan (a value kept from an earlier call): stays where it is
     calls = [_in_place("po"), _in_place("pc"), _cast("v1", "pa")]
     assert hoisted(calls) == _order(calls)
+    # rows closer than a page (512 B): converts as fast where it is
+    calls = [_in_place("po"), _in_place("pa"), _cast("v1", "po")]
+    assert hoisted(calls) == _order(calls)
 
 
 def _panel_matmuls(a, b):
-    """A stationary panel loaded block by block, one block scaled after the loads, then one matmul
-    per block: each block's cast moves up to its DMA, the scaled one's to the scaling."""
+    """A stationary panel loaded block by block (rows 4 KiB apart in bf16), one block scaled after the
+    loads, then one matmul per block: each block's cast moves up to its DMA, the scaled one's to the
+    scaling."""
     blocks = a.shape[1] // 128
     out = nl.ndarray((blocks, 128, 256), dtype=nl.float32, buffer=nl.shared_hbm)
     panel = nl.ndarray((128, blocks, 128), dtype=a.dtype, buffer=nl.sbuf)
@@ -833,7 +837,7 @@ def _panel_matmuls(a, b):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_hoisted_casts_replay_with_the_same_bits_and_trace(dtype):
-    out, a, b = _replayed_and_not(_panel_matmuls, 1024, dtype)
-    expected = torch.stack([a[:, 128 * c:128 * c + 128].float().t() @ b.float() for c in range(8)])
+    out, a, b = _replayed_and_not(_panel_matmuls, 2048, dtype)
+    expected = torch.stack([a[:, 128 * c:128 * c + 128].float().t() @ b.float() for c in range(16)])
     expected[1] = (a[:, 128:256].float() * 3.0).to(dtype).float().t() @ b.float()  # the scaled block, as stored
     torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-4)
