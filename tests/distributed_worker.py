@@ -29,6 +29,7 @@ import torch.distributed as dist
 import neuron_inductor
 from neuron_inductor.observe.session import BUCKETS
 from neuron_inductor.testing import TinyLlama, TinyLlamaConfig
+from tests.process_groups import destroy_process_groups
 
 # vocab 4096: the LM head alone (1 MB) fills the first 1 MB DDP bucket, so Dynamo's DDPOptimizer
 # splits the graph in two (the cap cannot go below 1 MB: DDPOptimizer fixes its first bucket at 1 MB).
@@ -153,7 +154,7 @@ def main() -> None:
         result = train(mode)
     finally:
         if mode != "single":
-            dist.destroy_process_group()
+            destroy_process_groups()  # (their threads joined before the interpreter shuts down)
     (out_dir / f"rank{result['rank']}.json").write_text(json.dumps(result))
 
 

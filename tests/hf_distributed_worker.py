@@ -25,6 +25,7 @@ from transformers import LlamaForCausalLM  # noqa: E402
 from transformers.distributed import DistributedConfig  # noqa: E402
 
 import neuron_inductor  # noqa: E402
+from tests.process_groups import destroy_process_groups
 
 BATCH, SEQ, STEPS, LR = 2, 32, 3, 0.5
 
@@ -55,7 +56,7 @@ def main() -> None:
     result = train(checkpoint, out_dir)
     if dist.is_initialized():
         dist.barrier()  # every rank's part of the checkpoint is written
-        dist.destroy_process_group()
+        destroy_process_groups()  # (their threads joined before the interpreter shuts down)
     (out_dir / f"rank{result['rank']}.json").write_text(json.dumps(result))
 
 

@@ -20,6 +20,7 @@ import pytest
 import torch
 
 from tests import distributed_worker
+from tests.process_groups import destroy_process_groups
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -153,3 +154,28 @@ def test_functional_collectives_are_communication_steps_not_fallbacks(tmp_path, 
     finally:
         dist.destroy_process_group()
         torch._dynamo.reset()
+
+
+def test_destroy_process_groups_frees_a_group_a_device_mesh_still_holds():
+    """The workers' teardown: destroy_process_group() alone leaves a group alive while any DeviceMesh
+    over it lives (with its gloo threads, which then run through interpreter shutdown);
+    destroy_process_groups() frees it, and names a group something else still holds."""
+    import weakref
+
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    def gloo_world_with_mesh():
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+        return init_device_mesh("cpu", (1,)), weakref.ref(dist.group.WORLD)
+
+    mesh, group = gloo_world_with_mesh()
+    destroy_process_groups()
+    assert group() is None and mesh.size() == 1  # freed while the mesh lives on
+
+    mesh, group = gloo_world_with_mesh()
+    held = group()
+    with pytest.raises(RuntimeError, match=f"{held.group_name}.*still referenced"):
+        destroy_process_groups()
+    del held
+    assert group() is None

@@ -258,10 +258,11 @@ def deny(reason: str) -> None:
 class Plan:
     """A recorded kernel as a generated function of the caller's tensors -> the kernel's torch result."""
 
-    def __init__(self, function, instructions: list, counts: dict) -> None:
+    def __init__(self, function, instructions: list, counts: dict, written_args: tuple = ()) -> None:
         self.function = function
         self.instructions = instructions  # the first run's trace
         self.counts = counts              # {"recorded": ops, "replayed": calls made, "guards": running guards}
+        self.written_args = written_args  # positions of the arguments the kernel writes
 
     def run(self, args: tuple):
         """The result, or raises Mismatch (then nothing the caller sees was written)."""
@@ -270,13 +271,30 @@ class Plan:
         if threads and threads != previous:
             torch.set_num_threads(threads)  # as the slow path: the thread count can change a matmul's sums
         try:
-            result = self.function(*args)
+            with below_autograd():
+                result = self.function(*args)
         finally:
             if threads and threads != previous:
                 torch.set_num_threads(previous)
+        bump_versions(args, self.written_args)
         for trace in tracing.ACTIVE:
             trace.instructions.extend(self.instructions)
         return result
+
+
+def below_autograd():
+    """A context dispatching torch operations straight to their CPU kernels, past the autograd and
+    ADInplaceOrView layers: a replay's tensors never require grad (replays.signature), so those layers
+    only cost time (about 0.6-1 us of a small op's 1-2 us), and the same kernels run, on the same bits.
+    What the skipped layer did that the caller can see, `bump_versions` does: in-place writes there
+    advance the written tensors' version counters (autograd's check on saved tensors)."""
+    return torch._C._AutoDispatchBelowADInplaceOrView()
+
+
+def bump_versions(args: tuple, positions: tuple) -> None:
+    """Advance the version counter of the arguments at `positions` (written by a replay below autograd)."""
+    if positions:
+        torch.autograd.graph.increment_version([args[i] for i in positions])
 
 
 PERSISTENT_BYTES = 64 << 20  # per plan: on-chip tiles kept between calls instead of allocated per call
@@ -329,7 +347,10 @@ def plan_for(recorder: Recorder, result, instructions: list) -> Plan | None:
     # Python bindings where they dispatch exactly the recorded operation, else the operation object
     function = _generate(calls, recorder, result_template, result_names, namespace,
                          _unfaithful_bindings(calls, recorder, namespace))
-    return Plan(function, instructions, {"recorded": len(ops), "replayed": len(calls), "guards": len(guards)})
+    written_args = tuple(i for i, a in enumerate(recorder.arg_tensors)
+                         if isinstance(a, torch.Tensor) and _key(a) in written)
+    return Plan(function, instructions, {"recorded": len(ops), "replayed": len(calls), "guards": len(guards)},
+                written_args)
 
 
 _FULL = torch.ops.aten.full.default

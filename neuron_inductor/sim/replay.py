@@ -153,6 +153,7 @@ class Plan:
         self.outputs = outputs            # [(shape, storage dtype, fill)] of the shared_hbm outputs
         self.result = result              # the return structure, tensors as _Leaf
         self.instructions = instructions  # the first run's trace
+        self.written_args = tuple(sorted({dst[0][1] for dst, _ in copies if dst[0][0] == "arg"}))
 
     def run(self, args: tuple):
         outs = [torch.full(shape, fill, dtype=dtype) for shape, dtype, fill in self.outputs]
@@ -164,11 +165,13 @@ class Plan:
                 return base  # the tensor itself, as a kernel returning it gives it back
             return base.as_strided(sizes, strides, base.storage_offset() + offset)
 
-        for dst_spec, src_spec in self.copies:
-            dst, src = view(dst_spec), view(src_spec)
-            if dst_spec[0] == src_spec[0]:
-                src = src.clone()  # overlapping views of one allocation, as isa._copy_exact
-            dst.copy_(src if src.shape == dst.shape else src.reshape(dst.shape))
+        with op_replay.below_autograd():
+            for dst_spec, src_spec in self.copies:
+                dst, src = view(dst_spec), view(src_spec)
+                if dst_spec[0] == src_spec[0]:
+                    src = src.clone()  # overlapping views of one allocation, as isa._copy_exact
+                dst.copy_(src if src.shape == dst.shape else src.reshape(dst.shape))
+        op_replay.bump_versions(args, self.written_args)
         for trace in tracing.ACTIVE:
             trace.instructions.extend(self.instructions)
         return _rebuild(self.result, view)

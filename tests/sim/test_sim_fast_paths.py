@@ -270,6 +270,32 @@ def test_a_replayed_kernel_writing_its_argument_writes_the_same_bits(dtype):
     assert kernel(x) is x
 
 
+@pytest.mark.parametrize("func, plan_type", [(_scale_in_place, op_replay.Plan), (_in_place_shift, sim_replay.Plan),
+                                             (_tiled_copy, sim_replay.Plan)])
+def test_a_replay_advances_the_version_of_the_arguments_it_writes_as_the_slow_path(func, plan_type):
+    """Replays dispatch below the autograd layer, which is what advances version counters: the plan
+    advances them itself, so autograd still sees a saved tensor a replayed kernel overwrote."""
+    sim_replay._PLANS.clear()
+    kernel = sim.Kernel(func, replay=True)
+    versions = []
+    for _ in range(2):  # recorded (the slow path), then replayed
+        x = torch.randn(5, 8)
+        before = x._version
+        kernel(x)
+        versions.append(x._version > before)
+    assert [type(p) for (f, _), p in sim_replay._PLANS.items() if f is func] == [plan_type]
+    assert versions == [func is not _tiled_copy] * 2
+    if func is _tiled_copy:
+        return
+    for _ in range(2):
+        leaf = torch.randn(5, 8, requires_grad=True)
+        saved = leaf.exp()  # exp's backward reads its result
+        with torch.no_grad():
+            kernel(saved)
+        with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+            saved.sum().backward()
+
+
 @pytest.mark.parametrize("spent", [0, op_replay.PERSISTENT_TOTAL_BYTES])
 def test_kept_tiles_stay_within_the_process_budget(spent, monkeypatch):
     """Plans keep their on-chip tiles between calls only while the process-wide budget lasts; past it a plan
