@@ -15,7 +15,7 @@ Then the first step (trace + compile + run) of the dim-1024 model, neuron and in
 each in a fresh subprocess with empty caches (goal: neuron no slower). Every number is a ratio
 taken within one run: the machine may be shared, and absolute times move with its load.
 
-    python bench/train_step.py [--seq 256] [--batch 4] [--repeats 3] [--threads 1] [--no-large] [--no-first-step]
+    python bench/train_step.py [--seq 256] [--batch 4] [--repeats 3] [--threads 1] [--no-tiny] [--no-large] [--no-first-step]
                                [--first-step-repeats 3] [--no-steady]
 """
 
@@ -134,6 +134,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=0,
                         help="torch intra-op threads for eager and host ops (0: torch's default); 1 compares "
                              "like with like, the interpreter's kernels run on one thread")
+    parser.add_argument("--no-tiny", action="store_true", help="skip the tiny config's fp32 and bf16 steady steps")
     parser.add_argument("--no-large", action="store_true", help="skip the dim-1024 x seq-1024 bf16 steady step")
     parser.add_argument("--no-first-step", action="store_true", help="skip the first-step comparison with inductor")
     parser.add_argument("--no-steady", action="store_true", help="skip the steady steps (the first-step comparison only)")
@@ -143,7 +144,7 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     runs = [("tiny 2x64", TINY, torch.float32, (args.batch, args.seq)),
-            ("tiny 2x64", TINY, torch.bfloat16, (args.batch, args.seq))] if not args.no_steady else []
+            ("tiny 2x64", TINY, torch.bfloat16, (args.batch, args.seq))] if not (args.no_steady or args.no_tiny) else []
     if not args.no_large and not args.no_steady:
         runs.append(("1 layer x 1024", LARGE, torch.bfloat16, LARGE_SHAPE))
     if runs:

@@ -342,8 +342,10 @@ def plan_for(recorder: Recorder, result, instructions: list) -> Plan | None:
                 if not op.view and set(op.out_keys) & set(op.in_keys) for name in op.new_slots}
     calls = op_replay_forwarding.forwarded(calls, namespace, recorder.layouts, visible, aliasing,
                                            lambda call: _faithful(call, recorder, namespace), _Ref)
-    calls = _without_unread_views(calls, result_names)  # (views only the dropped copies read)
-    calls = op_replay_transposes.routed(calls, namespace, _Ref)
+    calls = op_replay_transposes.routed(op_replay_casts.hoisted(calls, namespace, _Ref), namespace, recorder.layouts,
+                                        _Ref)
+    # views only the dropped copies read, and the recorded views of arguments a routed load replaced
+    calls = _without_unread_views(calls, result_names)
     # Python bindings where they dispatch exactly the recorded operation, else the operation object
     function = _generate(calls, recorder, result_template, result_names, namespace,
                          _unfaithful_bindings(calls, recorder, namespace))

@@ -690,11 +690,84 @@ def test_transposing_copies_route_only_between_separate_regions(dtype):
     for name, (dst, src, routed) in cases.items():
         namespace = {"pdst": dst, "psrc": src}
         expected = dst.clone().copy_(src)
-        calls = op_replay_transposes.routed([_copy_call("pdst", "psrc")], namespace, op_replay._Ref)
+        calls = op_replay_transposes.routed([_copy_call("pdst", "psrc")], namespace, {}, op_replay._Ref)
         assert len(calls) == (2 if routed else 1), name
         if name != "overlapping":  # (left to torch's copy_ as recorded)
             _run_calls(calls, namespace)
             assert torch.equal(_bits(namespace["pdst"]), _bits(expected)), name
+
+
+def _transposed_load(x):
+    """dma_transpose of each 128-column block of an HBM argument into a panel (its rows are as far
+    apart as its columns make them), then the panel back to HBM."""
+    rows, cols = x.shape
+    out = nl.ndarray((cols, rows), dtype=x.dtype, buffer=nl.shared_hbm)
+    panel = nl.ndarray((128, cols // 128, rows), dtype=x.dtype, buffer=nl.sbuf)
+    for c in nl.affine_range(cols // 128):
+        nisa.dma_transpose(dst=panel[:, c, :], src=x[:, 128 * c:128 * c + 128])
+    for c in nl.affine_range(cols // 128):
+        nisa.dma_copy(dst=out[128 * c:128 * c + 128, :], src=panel[:, c, :])
+    return out
+
+
+@pytest.mark.parametrize("dtype, cols, routed", [
+    (torch.bfloat16, 1024, True), (torch.float32, 512, True),  # rows 2 KiB apart
+    (torch.bfloat16, 1408, False), (torch.float32, 640, False),  # 2816 and 2560 B apart: copied directly
+])
+@pytest.mark.parametrize("rows", [128, 100])
+def test_transposing_loads_out_of_arguments_replay_with_the_same_bits_and_trace(dtype, cols, routed, rows):
+    make = lambda call: torch.randn(rows, cols, generator=torch.Generator().manual_seed(call)).to(dtype)
+    runs = _runs(_transposed_load, make)
+    for (out, arg, ops), (ref_out, ref_arg, ref_ops) in zip(runs[True], runs[False]):
+        assert ops == ref_ops and torch.equal(_bits(out), _bits(ref_out)) and torch.equal(_bits(arg), _bits(ref_arg))
+        assert torch.equal(_bits(out), _bits(arg.t().contiguous()))
+    plans = [p for (f, _), p in sim_replay._PLANS.items() if f is _transposed_load]
+    assert isinstance(plans[-1], op_replay.Plan)
+    scratches = sum(name.endswith("_scratch") for name in plans[-1].function.__globals__)
+    assert scratches == (cols // 128 if routed else 0)
+
+
+def _run_calls_with_results(calls, namespace):
+    for call in calls:
+        value = call.func(*(namespace[a.name] if isinstance(a, op_replay._Ref) else a for a in call.args))
+        if call.new:
+            namespace[call.outs.name] = value
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_transposing_loads_route_only_argument_views_whose_rows_alias(dtype):
+    """A copy into a kept tile out of an argument's view (made by one as_strided of it) is routed when
+    the view's step along the tile's rows is a multiple of 2 KiB, also when it converts on the way;
+    not a step of 2816 B, a copy that does not transpose, or a view of another dtype than its root."""
+    gen = torch.Generator().manual_seed(5)
+    elements = 2048 // torch.empty((), dtype=dtype).element_size()  # a row of 2 KiB
+    nan = lambda t=dtype: torch.full((128, 128), float("nan"), dtype=t)
+    cases = {  # name: (argument, view (sizes, strides, offset), view dtype, dst, routed)
+        "transposing": (torch.randn(256, elements, generator=gen).to(dtype), ((128, 128), (1, elements), 128), dtype,
+                        nan(), True),
+        "converting": (torch.randn(256, elements, generator=gen).to(dtype) * 1e3 + 1 / 3,
+                       ((128, 128), (1, elements), 0), dtype, nan(torch.bfloat16 if dtype is torch.float32 else torch.float32),
+                       True),
+        "2816 B": (torch.randn(256, 2816 // (2048 // elements), generator=gen).to(dtype),
+                   ((128, 128), (1, 2816 // (2048 // elements)), 0), dtype, nan(), False),
+        "not transposing": (torch.randn(256, elements, generator=gen).to(dtype), ((128, 128), (elements, 1), 0), dtype,
+                            nan(), False),
+        "dtype view": (torch.randn(256, elements, generator=gen).to(dtype), ((128, 128), (1, elements), 0),
+                       torch.int16 if dtype is torch.bfloat16 else torch.int32, nan(), False),
+    }
+    for name, (arg, (sizes, strides, offset), view_dtype, dst, routed) in cases.items():
+        layouts = {"a0": ("a0", tuple(arg.shape), arg.stride(), 0, arg.dtype),
+                   "v1": ("a0", sizes, strides, offset, view_dtype)}
+        make_view = op_replay._Call(torch.ops.aten.as_strided.default, (op_replay._Ref("a0"), sizes, strides, offset),
+                                    {}, op_replay._Ref("v1"), ("v1",))
+        namespace = {"pdst": dst, "a0": arg}
+        calls = op_replay_transposes.routed([make_view, _copy_call("pdst", "v1")], namespace, layouts, op_replay._Ref)
+        assert len(calls) == (4 if routed else 2), name  # (the recorded view is left to the unread-view pass)
+        if view_dtype is not dtype:
+            continue
+        expected = dst.clone().copy_(arg.as_strided(sizes, strides, offset))
+        _run_calls_with_results(calls, namespace)
+        assert torch.equal(_bits(namespace["pdst"]), _bits(expected)), name
 
 
 # -- repeated casts of an unchanged tile reused (sim/op_replay_casts.py) -----------------------------
@@ -718,20 +791,27 @@ def _stationary_reused(a, b):
     return out
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_reused_casts_replay_with_the_same_bits_and_trace(dtype):
+def _replayed_and_not(kernel_func, a_cols: int, dtype) -> list:
+    """The last call's (out, a, b) of three calls of kernel_func(a [128, a_cols], b [128, 256]) on
+    fresh inputs, after checking that replayed calls give the slow path's bits and trace."""
     found = {}
     for replay in (True, False):
-        kernel = sim.Kernel(_stationary_reused, replay=replay)
+        kernel = sim.Kernel(kernel_func, replay=replay)
         found[replay] = []
         for call in range(3):
             gen = torch.Generator().manual_seed(call)
-            a, b = torch.randn(128, 128, generator=gen).to(dtype), torch.randn(128, 256, generator=gen).to(dtype)
+            a, b = torch.randn(128, a_cols, generator=gen).to(dtype), torch.randn(128, 256, generator=gen).to(dtype)
             out, ops = _traced(lambda: kernel(a, b))
-            found[replay].append((out.clone(), ops))
-    for (out, ops), (ref_out, ref_ops) in zip(found[True], found[False]):
+            found[replay].append((out.clone(), ops, a, b))
+    for (out, ops, _, _), (ref_out, ref_ops, _, _) in zip(found[True], found[False]):
         assert ops == ref_ops and torch.equal(_bits(out), _bits(ref_out))
-    out = found[True][-1][0]
+    out, _, a, b = found[True][-1]
+    return out, a, b
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_reused_casts_replay_with_the_same_bits_and_trace(dtype):
+    out, _, _ = _replayed_and_not(_stationary_reused, 128, dtype)
     assert not torch.equal(out[2], out[0])  # the scaled tile was used
 
 
@@ -767,3 +847,60 @@ def test_a_cast_is_reused_only_while_its_tile_and_both_results_are_unchanged():
                     _in_place("v3")]
     assert len(reused([_cast("v1", "pa"), _cast("v2", "pa")] + through_view[1:])) == 4  # written through a view
     assert len(reused(repeat, results=["v2"])) == 3  # returned to the caller
+
+
+def _order(calls) -> list:
+    return [(c.func._schema.name.split("::")[1], c.new[0] if c.new else c.args[0].name) for c in calls]
+
+
+def test_a_cast_moves_up_to_just_after_the_last_write_that_may_reach_what_it_reads():
+    tile, other = torch.randn(128, 2048).to(torch.bfloat16), torch.randn(128, 256).to(torch.bfloat16)  # rows 4 KiB
+    namespace = {"c0": torch.float32, "c1": torch.tensor(3.0), "pa": tile[:, 0:128], "pc": tile[:, 128:256],
+                 "po": other[:, 0:128]}
+    hoisted = lambda calls: _order(op_replay_casts.hoisted(calls, namespace, op_replay._Ref))
+    # written, then other tiles and the tile's other half: the cast follows the write of its half
+    calls = [_in_place("pa"), _in_place("po"), _in_place("pc"), _read("po", "pc"), _cast("v1", "pa")]
+    assert hoisted(calls) == [("mul_", "pa"), ("_to_copy", "v1"), ("mul_", "po"), ("mul_", "pc"), ("add", "vsum")]
+    # written again later: it follows the last write
+    calls = [_in_place("pa"), _in_place("po"), _in_place("pa"), _in_place("pc"), _cast("v1", "pa")]
+    assert hoisted(calls) == [("mul_", "pa"), ("mul_", "po"), ("mul_", "pa"), ("_to_copy", "v1"), ("mul_", "pc")]
+    # a write through a view made at run time may reach the whole tile: the cast follows it
+    view = op_replay._Call(torch.ops.aten.as_strided.default, (op_replay._Ref("pc"), (128, 64), (2048, 1), 64), {},
+                           op_replay._Ref("v2"), ("v2",))
+    calls = [_in_place("pa"), view, _in_place("v2"), _in_place("po"), _cast("v1", "pa")]
+    assert hoisted(calls) == [("mul_", "pa"), ("as_strided", "v2"), ("mul_", "v2"), ("_to_copy", "v1"), ("mul_", "po")]
+    # never written in the plan (a value kept from an earlier call): stays where it is
+    calls = [_in_place("po"), _in_place("pc"), _cast("v1", "pa")]
+    assert hoisted(calls) == _order(calls)
+    # rows closer than a page (512 B): converts as fast where it is
+    calls = [_in_place("po"), _in_place("pa"), _cast("v1", "po")]
+    assert hoisted(calls) == _order(calls)
+
+
+def _panel_matmuls(a, b):
+    """A stationary panel loaded block by block (rows 4 KiB apart in bf16), one block scaled after the
+    loads, then one matmul per block: each block's cast moves up to its DMA, the scaled one's to the
+    scaling."""
+    blocks = a.shape[1] // 128
+    out = nl.ndarray((blocks, 128, 256), dtype=nl.float32, buffer=nl.shared_hbm)
+    panel = nl.ndarray((128, blocks, 128), dtype=a.dtype, buffer=nl.sbuf)
+    m = nl.ndarray((128, 256), dtype=b.dtype, buffer=nl.sbuf)
+    for c in nl.affine_range(blocks):
+        nisa.dma_copy(dst=panel[:, c, :], src=a[:, 128 * c:128 * c + 128])
+    nisa.dma_copy(dst=m, src=b)
+    nisa.tensor_scalar(dst=panel[:, 1, :], data=panel[:, 1, :], op0=nl.multiply, operand0=3.0)
+    for c in nl.affine_range(blocks):
+        p = nl.ndarray((128, 256), dtype=nl.float32, buffer=nl.psum)
+        nisa.nc_matmul(dst=p, stationary=panel[:, c, :], moving=m, accumulate=False)
+        t = nl.ndarray((128, 256), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_copy(dst=t, src=p)
+        nisa.dma_copy(dst=out[c], src=t)
+    return out
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_hoisted_casts_replay_with_the_same_bits_and_trace(dtype):
+    out, a, b = _replayed_and_not(_panel_matmuls, 2048, dtype)
+    expected = torch.stack([a[:, 128 * c:128 * c + 128].float().t() @ b.float() for c in range(16)])
+    expected[1] = (a[:, 128:256].float() * 3.0).to(dtype).float().t() @ b.float()  # the scaled block, as stored
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-4)
