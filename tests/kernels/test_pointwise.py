@@ -247,6 +247,19 @@ def test_broadcast(other_shape, dtype):
     check(lambda x, y: torch.sigmoid(x) * y - y, x, other, **(FP32_COMPOSED if dtype == torch.float32 else BF16))
 
 
+# A row or scalar operand reaches every partition in one DMA from a stride-0 HBM view, not by copies
+# between SBUF partitions: fewer rows than partitions, rows off the tile, a column-chunked free dim,
+# a [1, 1, D] row, a 0-d scalar, fp32 and bf16.
+@pytest.mark.parametrize("x_shape, other_shape", [((4, 256, 64), (64,)), ((5, 64), (64,)), ((2, 200, 64), (1, 1, 64)),
+                                                  ((130, 9000), (9000,)), ((2, 200, 64), ())])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_broadcast_operands_load_in_one_dma_from_hbm(x_shape, other_shape, dtype):
+    x, other = randn(*x_shape, dtype=dtype), randn(*other_shape, dtype=dtype)
+    trace = check(lambda x, y: x * y + y, x, other, **(FP32 if dtype == torch.float32 else BF16))
+    copies = [i for i in trace.instructions if i.engine == "dma"]
+    assert not [i.shapes for i in copies if all(o.buffer == "sbuf" for o in i.operands)]
+
+
 @pytest.mark.parametrize("shape", [(), (1,), (5,), (128,), (300,), (128 * 70 + 3,), (1, 1), (7, 1),
                                    (1, 129), (128, 128), (3, 4, 5, 6), (2, 1, 3, 1, 200)])
 def test_shapes(shape):
