@@ -65,6 +65,30 @@ def test_bitvec_ops():
     assert torch.equal(out, a & 0xFF)
 
 
+COMPARES = [(nl.equal, torch.eq), (nl.not_equal, torch.ne), (nl.greater, torch.gt), (nl.greater_equal, torch.ge),
+            (nl.less, torch.lt), (nl.less_equal, torch.le)]
+
+
+@pytest.mark.parametrize("op, ref", COMPARES)
+def test_compares_are_exact_ones_and_zeros(op, ref):
+    """Comparisons write 1.0 / 0.0 straight into fp32 (ops._compare): NaN, infinities, signed zeros,
+    a [P, 1] column broadcast along the free axis, int32 tiles compared exactly (not through fp32)."""
+    special = torch.tensor([float("nan"), float("inf"), -float("inf"), 0.0, -0.0, 1.0, -1.0, 2.0])
+    x = special.repeat(16).reshape(16, 8)
+    col = special.roll(3).repeat(2).reshape(16, 1)
+    out = on_tiles(lambda d, a, c: nisa.tensor_scalar(d, a, op, c), (16, 8), nl.float32, x, col)
+    assert torch.equal(out, ref(x, col).float())
+    out = on_tiles(lambda d, a, b, c: nisa.scalar_tensor_tensor(d, a, op, c, nl.multiply, b), (16, 8), nl.float32,
+                   x, x.flip(1), col)
+    expected = ref(x, col).float() * x.flip(1)
+    assert torch.equal(out.isnan(), expected.isnan()) and torch.equal(out.nan_to_num(), expected.nan_to_num())
+    assert torch.equal(out.signbit(), expected.signbit())  # 0.0 * negative stays -0.0
+    big = torch.tensor([[2**30 + 1, 2**30]], dtype=torch.int32).repeat(4, 1)
+    out = on_tiles(lambda d, a, b: nisa.tensor_tensor(d, a, b, op), (4, 2), nl.int32, big, big.flip(1))
+    assert torch.equal(out, ref(big, big.flip(1)).int())
+    assert op(3, 3) == float(ref(torch.tensor(3), torch.tensor(3)))
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("shape", [(128, 512), (16, 24)])
 def test_tensor_scalar_numbers_and_vectors(shape, dtype):
