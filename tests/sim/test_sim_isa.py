@@ -304,6 +304,28 @@ def test_iota():
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("offset, multiplier, pattern", [
+    (-7, 3, [[-2, 16], [5, 4]]),                # negative steps and offset: exact in fp32
+    (2 ** 24 - 40, 1, [[1, 64]]),               # crosses 2**24: the int32 values rounded once to fp32
+    (2 ** 31 - 100, 1, [[1, 128]]),             # past int32: the engine's wrapped int32 values
+    (-(2 ** 23), -(2 ** 16), [[2 ** 10, 8]]),   # within 2**24 by a hair at the last partition
+])
+def test_iota_into_float_tiles_is_the_int32_result_rounded(offset, multiplier, pattern, dtype):
+    """A float iota is made in fp32 directly when every value and partial sum is an exact fp32
+    integer (isa_alu._exact_in_f32), through int32 otherwise; both must give the int32 values rounded."""
+    n = 1
+    for _, num in pattern:
+        n *= num
+    free = torch.zeros(1, dtype=torch.int64)
+    for step, num in pattern:
+        free = (free[:, None] + step * torch.arange(num)[None, :]).reshape(-1)
+    expected = (offset + multiplier * torch.arange(128)[:, None] + free[None, :]).to(torch.int32).float()
+    out = on_tiles(lambda d: nisa.iota(d, pattern, offset=offset, channel_multiplier=multiplier), (128, n),
+                   nl_dtype(dtype))
+    assert torch.equal(out, expected.to(dtype))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("p, n", [(128, 512), (64, 64)])
 def test_affine_select_causal_mask(p, n, dtype):
     x = torch.randn(p, n).to(dtype)
