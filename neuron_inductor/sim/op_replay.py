@@ -31,6 +31,7 @@ from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatc
 from torch.utils.weak import WeakIdKeyDictionary
 
 from . import op_replay_bindings, op_replay_casts, op_replay_fills, op_replay_forwarding, op_replay_transposes, tracing
+from .op_replay_refs import Ref, map_refs, ref_names, renamed
 
 MAX_OPS = 200_000  # recorded operations per kernel: bounds the generated function's size (larger: slow path)
 
@@ -43,13 +44,6 @@ class Mismatch(Exception):
     """A guard read another value than on the recorded run: the call runs on the slow path."""
 
 
-class _Ref:
-    __slots__ = ("name",)
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-
-
 class _Op:
     __slots__ = ("func", "args", "kwargs", "outs", "reads", "new_slots", "in_keys", "out_keys", "writes",
                  "whole_write", "view", "guard", "live", "runtime_guard", "fold")
@@ -57,7 +51,7 @@ class _Op:
     def __init__(self, func, args, kwargs, outs, reads, new_slots, in_keys, out_keys, writes, whole_write, view,
                  guard):
         self.func = func
-        self.args, self.kwargs, self.outs = args, kwargs, outs  # templates: _Ref for tensors, values otherwise
+        self.args, self.kwargs, self.outs = args, kwargs, outs  # templates: Ref for tensors, values otherwise
         self.reads = reads            # names of the tensor inputs
         self.new_slots = new_slots    # names of the tensors it creates
         self.in_keys = in_keys        # storage keys of its tensor inputs
@@ -115,7 +109,7 @@ class Recorder(TorchDispatchMode):
             # a recycled tile (its storage comes from an earlier kernel) filled whole: a fresh tile
             name = self._new(t)
             self.ops.append(_Op(torch.ops.aten.empty.memory_format, (list(t.shape),),
-                                {"dtype": self.constant(t.dtype), "device": self.constant(t.device)}, _Ref(name), (), (name,), (), (_key(t),), (), None,
+                                {"dtype": self.constant(t.dtype), "device": self.constant(t.device)}, Ref(name), (), (name,), (), (_key(t),), (), None,
                                 False, None))
             return name
         if t.dim() == 0 and not t.requires_grad:
@@ -136,7 +130,7 @@ class Recorder(TorchDispatchMode):
             if name[0] != "c":
                 reads.append(name)
                 keys.append(_key(value))
-            return _Ref(name)
+            return Ref(name)
         if isinstance(value, (list, tuple)):
             return type(value)(self.template(v, func, reads, keys) for v in value)
         if value is None or isinstance(value, (bool, int, str)):
@@ -148,9 +142,9 @@ class Recorder(TorchDispatchMode):
             raise Unsupported(f"{func}: an argument of type {type(value).__name__}")
         return self.constant(value)
 
-    def constant(self, value) -> _Ref:
+    def constant(self, value) -> Ref:
         self.constants.append(value)
-        return _Ref(f"c{len(self.constants) - 1}")
+        return Ref(f"c{len(self.constants) - 1}")
 
     # -- recording
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -191,7 +185,7 @@ class Recorder(TorchDispatchMode):
         out_keys = tuple(_key(t) for t in _tensors(out)) if new_slots else ()
         op = _Op(func, targs, tkwargs, touts, tuple(reads), tuple(new_slots), tuple(keys), out_keys,
                  tuple(writes), whole, func.is_view and _aliases(out, args), guard)
-        if op.view and len(new_slots) == 1 and isinstance(touts, _Ref) and reads and reads[0] in self.layouts:
+        if op.view and len(new_slots) == 1 and isinstance(touts, Ref) and reads and reads[0] in self.layouts:
             root = self.layouts[reads[0]][0]
             if self.layouts[root][4] is out.dtype:  # (a dtype view is no as_strided of its root)
                 name = new_slots[0]
@@ -204,12 +198,12 @@ class Recorder(TorchDispatchMode):
             return type(out)(self._outputs(o, new_slots) for o in out)
         index = self.args.get(id(out))
         if index is not None and self.arg_tensors[index] is out:
-            return _Ref(f"a{index}")
+            return Ref(f"a{index}")
         name = self.names.get(out)
         if name is None:
             name = self._new(out)
             new_slots.append(name)
-        return _Ref(name)
+        return Ref(name)
 
 
 class _Forward(TorchDispatchMode):
@@ -317,8 +311,7 @@ def plan_for(recorder: Recorder, result, instructions: list) -> Plan | None:
         result_template = _result_template(recorder, result)
     except Unsupported:
         return None
-    result_names, result_keys = set(), {_key(t) for t in _tensors(result)}
-    _collect_names(result_template, result_names)
+    result_names, result_keys = set(ref_names(result_template)), {_key(t) for t in _tensors(result)}
     ops = recorder.ops
     persistent = _persistent(recorder, ops, result_keys)
     _mark_guards(ops, recorder.arg_keys)
@@ -335,15 +328,14 @@ def plan_for(recorder: Recorder, result, instructions: list) -> Plan | None:
     live = [op if i not in skipped else _as_empty(op) for i, op in enumerate(live)
             if i not in skipped or (op.func is _FULL and op.new_slots[0] not in persistent)]
     calls, namespace = _calls(live, recorder, result_names, persistent, written)
-    calls = op_replay_casts.reused(calls, namespace, result_names, _Ref)
+    calls = op_replay_casts.reused(calls, namespace, result_names)
     visible = result_names | {name for name in recorder.layouts if name[0] == "a"}
     # names made on an input's storage by operations that are no views (`_unsafe_view`): is it the first input's
     aliasing = {name: set(op.out_keys) & set(op.in_keys) <= set(op.in_keys[:1]) for op in live
                 if not op.view and set(op.out_keys) & set(op.in_keys) for name in op.new_slots}
     calls = op_replay_forwarding.forwarded(calls, namespace, recorder.layouts, visible, aliasing,
-                                           lambda call: _faithful(call, recorder, namespace), _Ref)
-    calls = op_replay_transposes.routed(op_replay_casts.hoisted(calls, namespace, _Ref), namespace, recorder.layouts,
-                                        _Ref)
+                                           lambda call: _faithful(call, recorder, namespace))
+    calls = op_replay_transposes.routed(op_replay_casts.hoisted(calls, namespace), namespace, recorder.layouts)
     # views only the dropped copies read, and the recorded views of arguments a routed load replaced
     calls = _without_unread_views(calls, result_names)
     # Python bindings where they dispatch exactly the recorded operation, else the operation object
@@ -376,7 +368,7 @@ def _tensors(value):
 
 def _result_template(recorder: Recorder, value):
     if isinstance(value, torch.Tensor):
-        return _Ref(recorder.ref(value))
+        return Ref(recorder.ref(value))
     if isinstance(value, (tuple, list)):
         return type(value)(_result_template(recorder, v) for v in value)
     if value is None or isinstance(value, (bool, int, float, str)):
@@ -391,7 +383,7 @@ def _persistent(recorder: Recorder, ops: list, result_keys: set) -> dict:
     budget = min(PERSISTENT_BYTES, PERSISTENT_TOTAL_BYTES - _persistent_total)
     found, total = {}, 0
     for op in ops:
-        if op.reads or op.view or op.guard is not None or len(op.new_slots) != 1 or not isinstance(op.outs, _Ref) \
+        if op.reads or op.view or op.guard is not None or len(op.new_slots) != 1 or not isinstance(op.outs, Ref) \
                 or op.out_keys[0] in result_keys:
             continue
         buffer = op.func(*_constants(op.args, recorder), **_constants(op.kwargs, recorder))
@@ -403,17 +395,6 @@ def _persistent(recorder: Recorder, ops: list, result_keys: set) -> dict:
     _persistent_total += total
     return found
 
-
-def map_refs(template, on_ref):
-    """An argument template (values, with _Ref leaves, in nested dicts, tuples and lists) with each
-    _Ref replaced by `on_ref(ref)`."""
-    if isinstance(template, _Ref):
-        return on_ref(template)
-    if isinstance(template, dict):
-        return {k: map_refs(v, on_ref) for k, v in template.items()}
-    if isinstance(template, (tuple, list)):
-        return type(template)(map_refs(t, on_ref) for t in template)
-    return template
 
 
 def _constants(template, recorder: Recorder):
@@ -490,7 +471,7 @@ def _calls(live: list, recorder: Recorder, result_names: set, persistent: dict, 
         if name in persistent:
             if op.out_keys[0] in written:  # its first value is read, and it was changed since
                 namespace[f"i{name}"] = persistent[name].clone()
-                calls.append(_Call(_COPY, (_Ref(f"p{name}"), _Ref(f"i{name}")), {}, None, ()))
+                calls.append(_Call(_COPY, (Ref(f"p{name}"), Ref(f"i{name}")), {}, None, ()))
             continue
         if op.fold is not None and name not in result_names:
             root, sizes, strides, offset = op.fold
@@ -504,7 +485,7 @@ def _calls(live: list, recorder: Recorder, result_names: set, persistent: dict, 
                 continue
         if op.fold is not None:
             root, sizes, strides, offset = op.fold
-            calls.append(_Call(_AS_STRIDED, (_Ref(rename.get(root, root)), sizes, strides, offset), {}, _Ref(name),
+            calls.append(_Call(_AS_STRIDED, (Ref(rename.get(root, root)), sizes, strides, offset), {}, Ref(name),
                                (name,)))
             continue
         if op.guard is not None:
@@ -515,10 +496,6 @@ def _calls(live: list, recorder: Recorder, result_names: set, persistent: dict, 
     return _without_unread_views(calls, result_names), namespace
 
 
-def renamed(template, rename: dict):
-    """An argument template with the names in `rename` replaced."""
-    return map_refs(template, lambda ref: _Ref(rename.get(ref.name, ref.name)))
-
 
 def _without_unread_views(calls: list, result_names: set) -> list:
     """`calls` less the views nothing reads: a view of a view was kept for its own view, which folding
@@ -527,7 +504,7 @@ def _without_unread_views(calls: list, result_names: set) -> list:
     for call in reversed(calls):
         if call.new and call.guard is None and call.func.is_view and not any(n in read for n in call.new):
             continue
-        read.update(_names((call.args, call.kwargs)))
+        read.update(set(ref_names((call.args, call.kwargs))))
         kept.append(call)
     kept.reverse()
     return kept
@@ -549,7 +526,7 @@ def _generate(calls: list, recorder: Recorder, result_template, result_names: se
     funcs: dict = {}
     last_use: dict = {}
     for index, call in enumerate(calls):
-        for name in _names((call.args, call.kwargs)):
+        for name in set(ref_names((call.args, call.kwargs))):
             last_use[name] = index
     lines = [f"def replay({', '.join(f'a{i}' for i in range(len(recorder.arg_tensors)))}):"]
     for index, call in enumerate(calls):
@@ -565,7 +542,7 @@ def _generate(calls: list, recorder: Recorder, result_template, result_names: se
             lines.append(f"    {_source(call.outs)} = {source}")
         else:
             lines.append(f"    {source}")
-        reads = _names((call.args, call.kwargs))
+        reads = set(ref_names((call.args, call.kwargs)))
         dead = sorted({n for n in reads if n[0] == "v" and last_use[n] == index and n not in result_names})
         unused = [n for n in call.new if n not in last_use and n not in result_names]
         if dead or unused:
@@ -574,22 +551,6 @@ def _generate(calls: list, recorder: Recorder, result_template, result_names: se
     exec(compile("\n".join(lines), f"<replay of {len(calls)} operations>", "exec"), namespace)
     return namespace["replay"]
 
-
-def _names(template) -> set:
-    found: set = set()
-    _collect_names(template, found)
-    return found
-
-
-def _collect_names(template, found: set) -> None:
-    if isinstance(template, _Ref):
-        found.add(template.name)
-    elif isinstance(template, dict):
-        for v in template.values():
-            _collect_names(v, found)
-    elif isinstance(template, (tuple, list)):
-        for t in template:
-            _collect_names(t, found)
 
 
 def _unfaithful_bindings(calls: list, recorder: Recorder, namespace: dict) -> set:
@@ -632,7 +593,7 @@ def _args(args, kwargs) -> str:
 
 
 def _source(template) -> str:
-    if isinstance(template, _Ref):
+    if isinstance(template, Ref):
         return template.name
     if isinstance(template, tuple):
         return "(" + "".join(_source(t) + ", " for t in template) + ")"

@@ -22,20 +22,22 @@ from __future__ import annotations
 
 import torch
 
+from .op_replay_refs import Ref, arguments, renamed, written_positions
+
 _TO_COPY = torch.ops.aten._to_copy.default
 
 
-def reused(calls: list, namespace: dict, result_names: set, ref_type) -> list:
+def reused(calls: list, namespace: dict, result_names: set) -> list:
     """`calls` less the casts that repeat an earlier one of an unchanged kept tile."""
     unsafe = set(result_names)  # names written somewhere, themselves or through a view of them
     base_of: dict = {}
     for call in calls:
-        if call.func.is_view and call.new and call.args and isinstance(call.args[0], ref_type):
+        if call.func.is_view and call.new and call.args and isinstance(call.args[0], Ref):
             for name in call.new:
                 base_of[name] = call.args[0].name
-        written = _written(call)
-        for position, value in _arguments(call) if written else ():
-            if isinstance(value, ref_type) and position in written:
+        written = written_positions(call)
+        for position, value in arguments(call) if written else ():
+            if isinstance(value, Ref) and position in written:
                 name = value.name
                 while name is not None and name not in unsafe:
                     unsafe.add(name)
@@ -46,20 +48,20 @@ def reused(calls: list, namespace: dict, result_names: set, ref_type) -> list:
     out = []
     for call in calls:
         call = _renamed(call, rename)
-        key = _cast_key(call, namespace, ref_type)
+        key = _cast_key(call, namespace)
         if key is not None and call.new[0] not in unsafe:
             first = cache.get(key)
             if first is not None:
                 rename[call.new[0]] = first
                 continue
             cache[key] = call.new[0]
-        written = _written(call)
-        for position, value in _arguments(call) if written else ():
-            if isinstance(value, ref_type) and position in written:
+        written = written_positions(call)
+        for position, value in arguments(call) if written else ():
+            if isinstance(value, Ref) and position in written:
                 changed, lo, hi = _region(value.name, namespace, storage_of)
                 for k in [k for k in cache if k[0] == changed and k[1] < hi and lo < k[2]]:
                     del cache[k]
-        if call.func.is_view and call.new and call.args and isinstance(call.args[0], ref_type):
+        if call.func.is_view and call.new and call.args and isinstance(call.args[0], Ref):
             for name in call.new:  # a write through a view may reach all of its base's storage
                 storage_of[name] = _region(call.args[0].name, namespace, storage_of)[0]
         out.append(call)
@@ -71,7 +73,7 @@ HOIST_ROW_BYTES = 4096  # only casts whose rows are a page apart or more are mov
 # closer rows (an attention tile's 2 KiB) convert as fast in place, and moved up their results stay live longer
 
 
-def hoisted(calls: list, namespace: dict, ref_type) -> list:
+def hoisted(calls: list, namespace: dict) -> list:
     """`calls` with each cast of a kept tile whose rows are HOIST_ROW_BYTES apart or more moved up to
     just after the last call that may write the bytes it reads (kept in place when that write is not
     among the storage's last HOIST_SCAN)."""
@@ -80,7 +82,7 @@ def hoisted(calls: list, namespace: dict, ref_type) -> list:
     after: dict = {}   # call index -> the casts moved to just after it
     moved = set()
     for index, call in enumerate(calls):
-        if _cast_key(call, namespace, ref_type) is not None:
+        if _cast_key(call, namespace) is not None:
             source = namespace[call.args[0].name]
             storage, lo, hi = byte_extent(source)
             rows = _row_band(source)
@@ -90,14 +92,14 @@ def hoisted(calls: list, namespace: dict, ref_type) -> list:
             if writer is not None and writer < index - 1:
                 after.setdefault(writer, []).append(call)
                 moved.add(index)
-        written = _written(call)
-        for position, value in _arguments(call) if written else ():
-            if isinstance(value, ref_type) and position in written:
+        written = written_positions(call)
+        for position, value in arguments(call) if written else ():
+            if isinstance(value, Ref) and position in written:
                 region = _region(value.name, namespace, storage_of)
                 target = namespace.get(value.name) if value.name not in storage_of else None
                 rows = _row_band(target) if isinstance(target, torch.Tensor) and value.name[0] == "p" else None
                 writes.setdefault(region[0], []).append((index,) + region[1:] + (rows,))
-        if call.func.is_view and call.new and call.args and isinstance(call.args[0], ref_type):
+        if call.func.is_view and call.new and call.args and isinstance(call.args[0], Ref):
             for name in call.new:
                 storage_of[name] = _region(call.args[0].name, namespace, storage_of)[0]
     out = []
@@ -130,16 +132,16 @@ def _apart(a, b) -> bool:
     return a is not None and b is not None and a[0] == b[0] and (a[2] <= b[1] or b[2] <= a[1])
 
 
-def _cast_key(call, namespace: dict, ref_type):
+def _cast_key(call, namespace: dict):
     """What a cast repeating this one has the same of (None: not a cast of a kept tile)."""
     if call.func is not _TO_COPY or len(call.args) != 1 or len(call.new) != 1 or call.guard is not None:
         return None
     source = call.args[0]
-    if not (isinstance(source, ref_type) and source.name[0] == "p" and source.name in namespace):
+    if not (isinstance(source, Ref) and source.name[0] == "p" and source.name in namespace):
         return None
     options = []
     for name, value in sorted(call.kwargs.items()):
-        if isinstance(value, ref_type):
+        if isinstance(value, Ref):
             value = namespace.get(value.name)
             if value is None or isinstance(value, torch.Tensor):
                 return None
@@ -165,28 +167,8 @@ def _region(name: str, namespace: dict, storage_of: dict) -> tuple:
     return name, float("-inf"), float("inf")
 
 
-_WRITTEN: dict = {}  # operation -> what _written gives (its schema's, looked up once)
-
-
-def _written(call) -> frozenset:
-    """Positions (and keyword names) of the arguments the call writes."""
-    found = _WRITTEN.get(call.func)
-    if found is None:
-        found = _WRITTEN[call.func] = frozenset(
-            argument.name if argument.kwarg_only else i for i, argument in enumerate(call.func._schema.arguments)
-            if argument.alias_info is not None and argument.alias_info.is_write)
-    return found
-
-
-def _arguments(call):
-    """(position or keyword, value) of the call's top-level arguments."""
-    yield from enumerate(call.args)
-    yield from call.kwargs.items()
-
-
 def _renamed(call, rename: dict):
     if not rename:
         return call
-    from .op_replay import renamed  # (op_replay imports this module)
     return type(call)(call.func, renamed(call.args, rename), renamed(call.kwargs, rename), call.outs, call.new,
                       call.guard)

@@ -34,7 +34,8 @@ from typing import NamedTuple
 
 import torch
 
-from .op_replay_casts import _arguments, _written, byte_extent
+from .op_replay_casts import byte_extent
+from .op_replay_refs import Ref, arguments, ref_names, written_positions
 
 _COPY = torch.ops.aten.copy_.default
 _AS_STRIDED = torch.ops.aten.as_strided.default
@@ -55,8 +56,7 @@ class Region(NamedTuple):
     key: tuple | None
 
 
-def forwarded(calls: list, namespace: dict, layouts: dict, visible: set, aliasing: dict, exact_binding,
-              ref_type) -> list:
+def forwarded(calls: list, namespace: dict, layouts: dict, visible: set, aliasing: dict, exact_binding) -> list:
     """`calls` with reads forwarded past copies, dead copies dropped and copied results fused.
     `layouts`: {name: (root, shape, strides, offset, dtype)} of the recorded tensors; `visible`: the
     names the caller sees (arguments, results); `aliasing`: {name: whether it is on its first
@@ -64,17 +64,17 @@ def forwarded(calls: list, namespace: dict, layouts: dict, visible: set, aliasin
     (`_unsafe_view`); `exact_binding(call)`: whether the call's Python binding dispatches exactly
     its operation."""
     if not all(aliasing.values()) or any(call.func._schema.name in _NEW_STORAGE or (
-            set(call.new) & aliasing.keys() and not (call.args and isinstance(call.args[0], ref_type)))
+            set(call.new) & aliasing.keys() and not (call.args and isinstance(call.args[0], Ref)))
             for call in calls):
         return calls  # a tensor given another storage, or an alias of no known base: regions would not hold
     regions = _Regions(namespace, layouts, aliasing)
     read_count: dict = {}
     for call in calls:
-        for name in _ref_names((call.args, call.kwargs), ref_type):
+        for name in ref_names((call.args, call.kwargs)):
             read_count[name] = read_count.get(name, 0) + 1
     fused: set = set()  # the out= lines made here
-    calls = _forward(calls, regions, read_count, visible, exact_binding, fused, ref_type)
-    return _without_dead_copies(calls, regions, visible, exact_binding, fused, ref_type)
+    calls = _forward(calls, regions, read_count, visible, exact_binding, fused)
+    return _without_dead_copies(calls, regions, visible, exact_binding, fused)
 
 
 class _Regions:
@@ -100,9 +100,9 @@ class _Regions:
         _, shape, strides, offset, dtype = self.layouts[name]
         return _strided(("name", name), tuple(shape), tuple(strides), offset, dtype)
 
-    def made(self, call, ref_type) -> None:
+    def made(self, call) -> None:
         """Note the regions of the names `call` makes."""
-        base = call.args[0] if call.args and isinstance(call.args[0], ref_type) else None
+        base = call.args[0] if call.args and isinstance(call.args[0], Ref) else None
         for name in call.new:
             if not call.func.is_view and name not in self.aliasing:
                 self.known[name] = self._first(name)
@@ -131,31 +131,16 @@ def _same_layout(a: Region, b: Region) -> bool:
     return a.key is not None and b.key is not None and a.key[2:] == b.key[2:]
 
 
-def _ref_names(template, ref_type) -> list:
-    if isinstance(template, ref_type):
-        return [template.name]
-    if isinstance(template, dict):
-        return [n for t in template.values() for n in _ref_names(t, ref_type)]
-    if isinstance(template, (tuple, list)):
-        return [n for t in template for n in _ref_names(t, ref_type)]
-    return []
 
 
-_WRITTEN: dict = {}  # operation -> the positions of the arguments it writes
+
 _ELEMENTWISE: dict = {}  # operation -> whether it is an elementwise reader
 
 
-def _writes(call) -> set:
-    positions = _WRITTEN.get(call.func)
-    if positions is None:
-        positions = _WRITTEN[call.func] = _written(call)
-    return positions
-
-
-def _written_regions(call, regions: _Regions, ref_type) -> list:
-    positions = _writes(call)
-    return [r for position, value in _arguments(call) if position in positions
-            for r in map(regions.of, _ref_names(value, ref_type)) if r is not None]
+def _written_regions(call, regions: _Regions) -> list:
+    positions = written_positions(call)
+    return [r for position, value in arguments(call) if position in positions
+            for r in map(regions.of, ref_names(value)) if r is not None]
 
 
 def _visible_groups(regions: _Regions, visible: set) -> set:
@@ -169,11 +154,11 @@ def _is_elementwise_reader(call) -> bool:
     return call.guard is None and _ELEMENTWISE[func]
 
 
-def _copy_pair(call, regions: _Regions, ref_type):
+def _copy_pair(call, regions: _Regions):
     """(D, S) regions of `copy_(D, S)` between two views of one layout that do not overlap, or None."""
     if call.func is not _COPY or len(call.args) != 2 or call.kwargs or call.guard is not None:
         return None
-    if not all(isinstance(a, ref_type) for a in call.args):
+    if not all(isinstance(a, Ref) for a in call.args):
         return None
     d, s = (regions.of(a.name) for a in call.args)
     if d is None or s is None or not _same_layout(d, s) or _overlap(d, s):
@@ -181,30 +166,29 @@ def _copy_pair(call, regions: _Regions, ref_type):
     return d, s
 
 
-def _forward(calls: list, regions: _Regions, read_count: dict, visible: set, exact_binding, fused_ids: set,
-             ref_type) -> list:
+def _forward(calls: list, regions: _Regions, read_count: dict, visible: set, exact_binding, fused_ids: set) -> list:
     facts: dict = {}      # exact view of D -> (name of S, D's region, S's region): D holds S's values
     by_group: dict = {}   # group -> the views in `facts` with D or S in it
     out: list = []
     for call in calls:
-        written = _written_regions(call, regions, ref_type)
+        written = _written_regions(call, regions)
         if _is_elementwise_reader(call) and facts:
-            call = _substituted(call, facts, written, regions, ref_type)
+            call = _substituted(call, facts, written, regions)
             if call is None:
                 continue  # a copy of a view into itself
         producer = out[-1] if out else None
-        collapsed = _collapsed(producer, call, regions, read_count, visible, ref_type)
+        collapsed = _collapsed(producer, call, regions, read_count, visible)
         fused = None if collapsed is not None else _fused(producer, call, regions, read_count, visible,
-                                                           exact_binding, ref_type)
+                                                           exact_binding)
         if collapsed is not None:
             out[-1] = call = collapsed
         elif fused is not None:
             out[-1] = call = fused
             fused_ids.add(fused)
-            written = _written_regions(call, regions, ref_type)
+            written = _written_regions(call, regions)
         else:
             out.append(call)
-        regions.made(call, ref_type)
+        regions.made(call)
         for w in written:
             for key in list(by_group.get(w.group, ())):  # (every key here has its fact)
                 _, d, s = facts[key]
@@ -212,7 +196,7 @@ def _forward(calls: list, regions: _Regions, read_count: dict, visible: set, exa
                     del facts[key]
                     by_group[d.group].discard(key)
                     by_group[s.group].discard(key)
-        pair = _copy_pair(call, regions, ref_type) if fused is None else None
+        pair = _copy_pair(call, regions) if fused is None else None
         if pair is not None:
             d, s = pair
             facts[d.key] = (call.args[1].name, d, s)
@@ -221,13 +205,13 @@ def _forward(calls: list, regions: _Regions, read_count: dict, visible: set, exa
     return out
 
 
-def _substituted(call, facts: dict, written: list, regions: _Regions, ref_type):
+def _substituted(call, facts: dict, written: list, regions: _Regions):
     """`call` reading the source of each forwarded view it reads (not those it writes); None for a
     copy that then copies a view into itself."""
-    positions = _writes(call)
+    positions = written_positions(call)
     changed = {}
-    for position, value in _arguments(call):
-        if position in positions or not isinstance(value, ref_type):
+    for position, value in arguments(call):
+        if position in positions or not isinstance(value, Ref):
             continue
         r = regions.of(value.name)
         fact = facts.get(r.key) if r is not None and r.key is not None else None
@@ -236,7 +220,7 @@ def _substituted(call, facts: dict, written: list, regions: _Regions, ref_type):
         if call.func is _COPY and position == 1 and written and written[0].key == fact[2].key:
             return None  # a copy of D into S, which holds D's values already
         if not any(_overlap(w, fact[2]) for w in written):
-            changed[position] = ref_type(fact[0])
+            changed[position] = Ref(fact[0])
     if not changed:
         return call
     args = tuple(changed.get(i, a) for i, a in enumerate(call.args))
@@ -267,22 +251,22 @@ def _out_overload(func):
 _COPIES = (torch.ops.aten.clone.default, torch.ops.aten._to_copy.default)
 
 
-def _single_use(producer, call, read_count: dict, visible: set, ref_type) -> bool:
+def _single_use(producer, call, read_count: dict, visible: set) -> bool:
     """Whether `call` is `copy_(D, v)` of producer's result v, which nothing else reads."""
     if producer is None or call.func is not _COPY or len(call.args) != 2 or call.kwargs or call.guard is not None:
         return False
     dst, src = call.args
-    return (isinstance(dst, ref_type) and isinstance(src, ref_type) and producer.new == (src.name,)
-            and isinstance(producer.outs, ref_type) and producer.guard is None
+    return (isinstance(dst, Ref) and isinstance(src, Ref) and producer.new == (src.name,)
+            and isinstance(producer.outs, Ref) and producer.guard is None
             and read_count.get(src.name) == 1 and src.name not in visible)
 
 
-def _collapsed(producer, call, regions: _Regions, read_count: dict, visible: set, ref_type):
+def _collapsed(producer, call, regions: _Regions, read_count: dict, visible: set):
     """`copy_(D, x)` where producer is `v = clone(x)` or `v = _to_copy(x)` and `call` is `copy_(D, v)`
     of its only read, or None. Without a dtype change the two copies move the same elements as
     one (any layouts); a conversion is made on the same geometry (D's shape and strides are v's)."""
-    if not _single_use(producer, call, read_count, visible, ref_type) or producer.func not in _COPIES \
-            or len(producer.args) != 1 or not isinstance(producer.args[0], ref_type):
+    if not _single_use(producer, call, read_count, visible) or producer.func not in _COPIES \
+            or len(producer.args) != 1 or not isinstance(producer.args[0], Ref):
         return None
     x, d, v = (regions.of(a.name) for a in (producer.args[0], *call.args))
     if x is None or d is None or v is None or None in (x.key, d.key, v.key) or _overlap(x, d):
@@ -292,17 +276,17 @@ def _collapsed(producer, call, regions: _Regions, read_count: dict, visible: set
     return type(call)(_COPY, (call.args[0], producer.args[0]), {}, None, ())
 
 
-def _fused(producer, call, regions: _Regions, read_count: dict, visible: set, exact_binding, ref_type):
+def _fused(producer, call, regions: _Regions, read_count: dict, visible: set, exact_binding):
     """`producer` writing into D where `call` is `copy_(D, v)` of its only read of producer's result
     v (same shape, strides, dtype), or None."""
-    if not _single_use(producer, call, read_count, visible, ref_type) or producer.func.is_view \
-            or torch.Tag.pointwise not in producer.func.tags or _writes(producer) or "out" in producer.kwargs:
+    if not _single_use(producer, call, read_count, visible) or producer.func.is_view \
+            or torch.Tag.pointwise not in producer.func.tags or written_positions(producer) or "out" in producer.kwargs:
         return None
     dst, src = call.args
     d, v = regions.of(dst.name), regions.of(src.name)
     if d is None or v is None or not _same_layout(d, v):
         return None
-    if _partly_in(producer, d, regions, ref_type):
+    if _partly_in(producer, d, regions):
         return None
     out_func = _out_overload(producer.func)
     if out_func is None:
@@ -311,15 +295,15 @@ def _fused(producer, call, regions: _Regions, read_count: dict, visible: set, ex
     return fused if exact_binding(fused) else None
 
 
-def _partly_in(producer, d: Region, regions: _Regions, ref_type) -> bool:
+def _partly_in(producer, d: Region, regions: _Regions) -> bool:
     """Whether an input of `producer` shares bytes with D other than as D's own view: torch refuses
     such an out= (or the order of its writes would matter)."""
     inputs = {k: v for k, v in producer.kwargs.items() if k != "out"}
     return any(r is not None and _overlap(r, d) and (r.key is None or r.key != d.key)
-               for r in map(regions.of, _ref_names((producer.args, inputs), ref_type)))
+               for r in map(regions.of, ref_names((producer.args, inputs))))
 
 
-def _without_dead_copies(calls: list, regions: _Regions, visible: set, exact_binding, fused: set, ref_type) -> list:
+def _without_dead_copies(calls: list, regions: _Regions, visible: set, exact_binding, fused: set) -> list:
     """Backward: a copy into a view whose bytes nothing reads before they are overwritten whole (by
     a copy, fill or out= of the same view) or the call ends is dropped, unless the caller sees them;
     `op(.., out=D); copy_(E, D)` with D read by nothing after becomes `op(.., out=E)`."""
@@ -330,11 +314,11 @@ def _without_dead_copies(calls: list, regions: _Regions, visible: set, exact_bin
     kept = []
     for index in range(len(calls) - 1, -1, -1):
         call = calls[index]
-        overwritten = _overwritten(call, regions, fused, ref_type)
+        overwritten = _overwritten(call, regions, fused)
         if call.func is _COPY and overwritten is not None and call.guard is None:
             if unread(overwritten):
                 continue  # nothing reads what it wrote
-            retargeted = _retargeted(calls[index - 1] if index else None, call, regions, fused, unread, ref_type)
+            retargeted = _retargeted(calls[index - 1] if index else None, call, regions, fused, unread)
             if retargeted is not None and exact_binding(retargeted):
                 calls[index - 1] = retargeted
                 fused.add(retargeted)
@@ -342,10 +326,10 @@ def _without_dead_copies(calls: list, regions: _Regions, visible: set, exact_bin
         if overwritten is not None and overwritten.key is not None:
             needed.get(overwritten.group, {}).pop(overwritten.key, None)
         skip = "out" if call in fused else 0
-        for position, value in _arguments(call):
+        for position, value in arguments(call):
             if position == skip and overwritten is not None:
                 continue
-            for name in _ref_names(value, ref_type):
+            for name in ref_names(value):
                 r = regions.of(name)
                 if r is not None:
                     needed.setdefault(r.group, {})[r.key if r.key is not None else (index, name)] = (r.lo, r.hi)
@@ -354,23 +338,23 @@ def _without_dead_copies(calls: list, regions: _Regions, visible: set, exact_bin
     return kept
 
 
-def _retargeted(producer, call, regions: _Regions, fused: set, unread, ref_type):
+def _retargeted(producer, call, regions: _Regions, fused: set, unread):
     """`producer` (an out= line made here, writing D) writing into E instead, where `call` is
     `copy_(E, D)` between views of one layout and nothing reads D after; or None."""
     if producer is None or producer not in fused or len(call.args) != 2 or call.kwargs:
         return None
     dst, src = call.args
-    if not isinstance(src, ref_type) or producer.kwargs["out"].name != src.name:
+    if not isinstance(src, Ref) or producer.kwargs["out"].name != src.name:
         return None
     e, d = regions.of(dst.name), regions.of(src.name)
-    if e is None or d is None or not _same_layout(e, d) or not unread(d) or _partly_in(producer, e, regions, ref_type):
+    if e is None or d is None or not _same_layout(e, d) or not unread(d) or _partly_in(producer, e, regions):
         return None
     return type(call)(producer.func, producer.args, {**producer.kwargs, "out": dst}, None, ())
 
 
-def _overwritten(call, regions: _Regions, fused: set, ref_type) -> Region | None:
+def _overwritten(call, regions: _Regions, fused: set) -> Region | None:
     """The region a copy, fill or out= line made here overwrites whole without reading it, or None."""
     if call.guard is not None:
         return None
     value = call.kwargs["out"] if call in fused else call.args[0] if call.func in _OVERWRITES and call.args else None
-    return regions.of(value.name) if isinstance(value, ref_type) else None
+    return regions.of(value.name) if isinstance(value, Ref) else None

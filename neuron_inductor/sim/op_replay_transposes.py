@@ -24,6 +24,7 @@ from __future__ import annotations
 import torch
 
 from .op_replay_casts import byte_extent
+from .op_replay_refs import Ref
 
 _COPY = torch.ops.aten.copy_.default
 _AS_STRIDED = torch.ops.aten.as_strided.default
@@ -32,13 +33,13 @@ MIN_STRIDE_BYTES = 1024  # the source's step along the destination's innermost d
 ARGUMENT_ALIASING_BYTES = 2048  # an argument's step must be a multiple of this (see above)
 
 
-def routed(calls: list, namespace: dict, layouts: dict, ref_type) -> list:
+def routed(calls: list, namespace: dict, layouts: dict) -> list:
     """`calls` with each transposing copy into a plan-time tensor as two copies via a scratch.
     `layouts`: the recording's {name: (root, shape, strides, offset, dtype)}; the source-order
     views of arguments made here are added to it."""
     out, count = [], 0
     for call in calls:
-        pair = _transposing(call, namespace, layouts, ref_type)
+        pair = _transposing(call, namespace, layouts)
         if pair is None:
             out.append(call)
             continue
@@ -55,22 +56,22 @@ def routed(calls: list, namespace: dict, layouts: dict, ref_type) -> list:
             names[0] = f"vt{count}"
             sizes, strides = tuple(src.shape[d] for d in order), tuple(src.stride(d) for d in order)
             layouts[names[0]] = (root, sizes, strides, offset, dtype)
-            out.append(make(_AS_STRIDED, (ref_type(root), sizes, strides, offset), {}, ref_type(names[0]),
+            out.append(make(_AS_STRIDED, (Ref(root), sizes, strides, offset), {}, Ref(names[0]),
                             (names[0],)))
         else:
             namespace[names[0]] = src.permute(order)
-        out.append(make(_COPY, (ref_type(names[1]), ref_type(names[0])), {}, None, ()))
-        out.append(make(_COPY, (call.args[0], ref_type(names[2])), {}, None, ()))
+        out.append(make(_COPY, (Ref(names[1]), Ref(names[0])), {}, None, ()))
+        out.append(make(_COPY, (call.args[0], Ref(names[2])), {}, None, ()))
     return out
 
 
-def _transposing(call, namespace: dict, layouts: dict, ref_type):
+def _transposing(call, namespace: dict, layouts: dict):
     """(dst, src) of a copy_ worth routing (src: a meta tensor of its layout if it views an
     argument), or None."""
     if call.func is not _COPY or len(call.args) != 2 or call.kwargs:
         return None
     dst_ref, src_ref = call.args
-    if not all(isinstance(r, ref_type) for r in call.args) or not _kept(dst_ref, namespace):
+    if not all(isinstance(r, Ref) for r in call.args) or not _kept(dst_ref, namespace):
         return None
     dst = namespace[dst_ref.name]
     src = namespace[src_ref.name] if _kept(src_ref, namespace) else _argument_view(src_ref.name, layouts)

@@ -19,6 +19,7 @@ from neuron_inductor.sim import language as nl
 from neuron_inductor.sim import op_replay, op_replay_bindings, op_replay_casts, op_replay_transposes
 from neuron_inductor.sim import replay as sim_replay
 from neuron_inductor.sim import tensor as sim_tensor
+from neuron_inductor.sim.op_replay_refs import Ref
 from neuron_inductor.sim.errors import NkiIndexError
 from neuron_inductor.testing import TinyLlama, TinyLlamaConfig
 
@@ -662,7 +663,7 @@ def test_routed_transposes_replay_with_the_same_bits_and_trace(dtype, rows):
 
 
 def _copy_call(dst: str, src: str):
-    return op_replay._Call(torch.ops.aten.copy_.default, (op_replay._Ref(dst), op_replay._Ref(src)), {}, None, ())
+    return op_replay._Call(torch.ops.aten.copy_.default, (Ref(dst), Ref(src)), {}, None, ())
 
 
 def _run_calls(calls, namespace):
@@ -690,7 +691,7 @@ def test_transposing_copies_route_only_between_separate_regions(dtype):
     for name, (dst, src, routed) in cases.items():
         namespace = {"pdst": dst, "psrc": src}
         expected = dst.clone().copy_(src)
-        calls = op_replay_transposes.routed([_copy_call("pdst", "psrc")], namespace, {}, op_replay._Ref)
+        calls = op_replay_transposes.routed([_copy_call("pdst", "psrc")], namespace, {})
         assert len(calls) == (2 if routed else 1), name
         if name != "overlapping":  # (left to torch's copy_ as recorded)
             _run_calls(calls, namespace)
@@ -729,7 +730,7 @@ def test_transposing_loads_out_of_arguments_replay_with_the_same_bits_and_trace(
 
 def _run_calls_with_results(calls, namespace):
     for call in calls:
-        value = call.func(*(namespace[a.name] if isinstance(a, op_replay._Ref) else a for a in call.args))
+        value = call.func(*(namespace[a.name] if isinstance(a, Ref) else a for a in call.args))
         if call.new:
             namespace[call.outs.name] = value
 
@@ -758,10 +759,10 @@ def test_transposing_loads_route_only_argument_views_whose_rows_alias(dtype):
     for name, (arg, (sizes, strides, offset), view_dtype, dst, routed) in cases.items():
         layouts = {"a0": ("a0", tuple(arg.shape), arg.stride(), 0, arg.dtype),
                    "v1": ("a0", sizes, strides, offset, view_dtype)}
-        make_view = op_replay._Call(torch.ops.aten.as_strided.default, (op_replay._Ref("a0"), sizes, strides, offset),
-                                    {}, op_replay._Ref("v1"), ("v1",))
+        make_view = op_replay._Call(torch.ops.aten.as_strided.default, (Ref("a0"), sizes, strides, offset),
+                                    {}, Ref("v1"), ("v1",))
         namespace = {"pdst": dst, "a0": arg}
-        calls = op_replay_transposes.routed([make_view, _copy_call("pdst", "v1")], namespace, layouts, op_replay._Ref)
+        calls = op_replay_transposes.routed([make_view, _copy_call("pdst", "v1")], namespace, layouts)
         assert len(calls) == (4 if routed else 2), name  # (the recorded view is left to the unread-view pass)
         if view_dtype is not dtype:
             continue
@@ -816,24 +817,24 @@ def test_reused_casts_replay_with_the_same_bits_and_trace(dtype):
 
 
 def _cast(out: str, src: str):
-    return op_replay._Call(torch.ops.aten._to_copy.default, (op_replay._Ref(src),), {"dtype": op_replay._Ref("c0")},
-                           op_replay._Ref(out), (out,))
+    return op_replay._Call(torch.ops.aten._to_copy.default, (Ref(src),), {"dtype": Ref("c0")},
+                           Ref(out), (out,))
 
 
 def _read(*names):
-    refs = tuple(op_replay._Ref(n) for n in names)
-    return op_replay._Call(torch.ops.aten.add.Tensor, refs, {}, op_replay._Ref("vsum"), ("vsum",))
+    refs = tuple(Ref(n) for n in names)
+    return op_replay._Call(torch.ops.aten.add.Tensor, refs, {}, Ref("vsum"), ("vsum",))
 
 
 def _in_place(name: str):
-    return op_replay._Call(torch.ops.aten.mul_.Tensor, (op_replay._Ref(name), op_replay._Ref("c1")), {}, None, ())
+    return op_replay._Call(torch.ops.aten.mul_.Tensor, (Ref(name), Ref("c1")), {}, None, ())
 
 
 def test_a_cast_is_reused_only_while_its_tile_and_both_results_are_unchanged():
     tile, other = torch.randn(128, 256).to(torch.bfloat16), torch.randn(128, 256).to(torch.bfloat16)
     namespace = {"c0": torch.float32, "c1": torch.tensor(3.0), "pa": tile[:, 0:128], "pb": tile[:, 0:128],
                  "pc": tile[:, 128:256], "po": other[:, 0:128]}
-    reused = lambda calls, results=(): op_replay_casts.reused(calls, namespace, set(results), op_replay._Ref)
+    reused = lambda calls, results=(): op_replay_casts.reused(calls, namespace, set(results))
     repeat = [_cast("v1", "pa"), _cast("v2", "pb"), _read("v1", "v2")]
     kept = reused(repeat)
     assert len(kept) == 2 and [r.name for r in kept[-1].args] == ["v1", "v1"]  # same view of one tile: reused
@@ -843,7 +844,7 @@ def test_a_cast_is_reused_only_while_its_tile_and_both_results_are_unchanged():
     assert len(reused([_cast("v1", "pa"), _in_place("po"), _cast("v2", "pa"), _read("v1", "v2")])) == 3  # another tile
     assert len(reused([_cast("v1", "pa"), _in_place("v1"), _cast("v2", "pa"), _read("v1", "v2")])) == 4  # result written
     through_view = [_cast("v1", "pa"),
-                    op_replay._Call(torch.ops.aten.t.default, (op_replay._Ref("v2"),), {}, op_replay._Ref("v3"), ("v3",)),
+                    op_replay._Call(torch.ops.aten.t.default, (Ref("v2"),), {}, Ref("v3"), ("v3",)),
                     _in_place("v3")]
     assert len(reused([_cast("v1", "pa"), _cast("v2", "pa")] + through_view[1:])) == 4  # written through a view
     assert len(reused(repeat, results=["v2"])) == 3  # returned to the caller
@@ -857,7 +858,7 @@ def test_a_cast_moves_up_to_just_after_the_last_write_that_may_reach_what_it_rea
     tile, other = torch.randn(128, 2048).to(torch.bfloat16), torch.randn(128, 256).to(torch.bfloat16)  # rows 4 KiB
     namespace = {"c0": torch.float32, "c1": torch.tensor(3.0), "pa": tile[:, 0:128], "pc": tile[:, 128:256],
                  "po": other[:, 0:128]}
-    hoisted = lambda calls: _order(op_replay_casts.hoisted(calls, namespace, op_replay._Ref))
+    hoisted = lambda calls: _order(op_replay_casts.hoisted(calls, namespace))
     # written, then other tiles and the tile's other half: the cast follows the write of its half
     calls = [_in_place("pa"), _in_place("po"), _in_place("pc"), _read("po", "pc"), _cast("v1", "pa")]
     assert hoisted(calls) == [("mul_", "pa"), ("_to_copy", "v1"), ("mul_", "po"), ("mul_", "pc"), ("add", "vsum")]
@@ -865,8 +866,8 @@ def test_a_cast_moves_up_to_just_after_the_last_write_that_may_reach_what_it_rea
     calls = [_in_place("pa"), _in_place("po"), _in_place("pa"), _in_place("pc"), _cast("v1", "pa")]
     assert hoisted(calls) == [("mul_", "pa"), ("mul_", "po"), ("mul_", "pa"), ("_to_copy", "v1"), ("mul_", "pc")]
     # a write through a view made at run time may reach the whole tile: the cast follows it
-    view = op_replay._Call(torch.ops.aten.as_strided.default, (op_replay._Ref("pc"), (128, 64), (2048, 1), 64), {},
-                           op_replay._Ref("v2"), ("v2",))
+    view = op_replay._Call(torch.ops.aten.as_strided.default, (Ref("pc"), (128, 64), (2048, 1), 64), {},
+                           Ref("v2"), ("v2",))
     calls = [_in_place("pa"), view, _in_place("v2"), _in_place("po"), _cast("v1", "pa")]
     assert hoisted(calls) == [("mul_", "pa"), ("as_strided", "v2"), ("mul_", "v2"), ("_to_copy", "v1"), ("mul_", "po")]
     # never written in the plan (a value kept from an earlier call): stays where it is

@@ -12,16 +12,16 @@ from neuron_inductor.sim import isa as nisa
 from neuron_inductor.sim import language as nl
 from neuron_inductor.sim import op_replay, op_replay_forwarding
 from neuron_inductor.sim import replay as sim_replay
+from neuron_inductor.sim.op_replay_refs import Ref
 
 aten = torch.ops.aten
-_Ref = op_replay._Ref
 
 
 def _line(func, *args, out=None, guard=None, **kwargs):
     """A replay line; strings are names."""
-    ref = lambda a: _Ref(a) if isinstance(a, str) else a  # noqa: E731
+    ref = lambda a: Ref(a) if isinstance(a, str) else a  # noqa: E731
     return op_replay._Call(func, tuple(ref(a) for a in args), {k: ref(v) for k, v in kwargs.items()},
-                           _Ref(out) if out else None, (out,) if out else (), guard)
+                           Ref(out) if out else None, (out,) if out else (), guard)
 
 
 def _copy(dst, src):
@@ -73,7 +73,7 @@ def _forwarded(lines: list, tiles: dict, visible=("v1", "a0")) -> list:
     aliasing = {line.outs.name: True for line in lines if line.new and not line.func.is_view
                 and storage(line.outs.name) == storage(line.args[0].name)}
     namespace = {n: t for n, t in tiles.items() if n[0] in "pc"}
-    return op_replay_forwarding.forwarded(lines, namespace, layouts, set(visible), aliasing, lambda line: True, _Ref)
+    return op_replay_forwarding.forwarded(lines, namespace, layouts, set(visible), aliasing, lambda line: True)
 
 
 def _bits(t: torch.Tensor) -> torch.Tensor:
@@ -81,7 +81,7 @@ def _bits(t: torch.Tensor) -> torch.Tensor:
 
 
 def _reads(line) -> list:
-    return [a.name for a in line.args if isinstance(a, _Ref)]
+    return [a.name for a in line.args if isinstance(a, Ref)]
 
 
 _STAGED = _line(aten.as_strided.default, "a0", (128, 16), (16, 1), 5, out="vA")  # misaligned argument view
