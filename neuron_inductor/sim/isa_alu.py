@@ -179,25 +179,45 @@ def reciprocal(dst, data, name=None):
 
 # ---------------------------------------------------------------------------- GpSimd / fills
 
-def _affine_values(api, partitions, pattern, offset, channel_multiplier):
+def _affine_values(api, partitions, pattern, offset, channel_multiplier, dtype=_I64):
     """offset + p * channel_multiplier + sum(step * index) over a <= 4-d [[step, num], ...] pattern."""
     if len(pattern) > 4:
         rules.fail(api, "at most 4 free dims in an access pattern", len(pattern), f"pattern has {len(pattern)} dims")
-    free = torch.zeros(1, dtype=_I64)
+    free = torch.zeros(1, dtype=dtype)
     for step, num in pattern:
-        free = (free[:, None] + step * torch.arange(num, dtype=_I64)[None, :]).reshape(-1)
-    rows = offset + channel_multiplier * torch.arange(partitions, dtype=_I64)[:, None]
+        free = (free[:, None] + step * torch.arange(num, dtype=dtype)[None, :]).reshape(-1)
+    rows = offset + channel_multiplier * torch.arange(partitions, dtype=dtype)[:, None]
     return rows + free[None, :]
+
+
+# fp32 holds every integer of magnitude below 2**24 exactly
+_F32_EXACT_INTEGERS = 2 ** 24
+
+
+def _exact_in_f32(partitions, pattern, offset, channel_multiplier) -> bool:
+    """Whether every value and partial sum of an integer affine pattern stays below 2**24 in magnitude
+    (and inside int32, so the engine's int32 result is the exact integer)."""
+    terms = [offset, channel_multiplier] + [v for entry in pattern for v in entry]
+    if not all(type(v) is int for v in terms):
+        return False
+    bound = abs(offset) + abs(channel_multiplier) * (partitions - 1) + sum(abs(step) * (num - 1) for step, num in pattern)
+    return bound < _F32_EXACT_INTEGERS
 
 
 def iota(dst, pattern, offset=0, channel_multiplier=0, name=None):
     """dst[p, i...] = offset + p * channel_multiplier + sum(step_j * i_j), computed as int32."""
     api = "nisa.iota"
     p, n = rules.operand(api, "dst", dst, _SBUF)
-    values = _affine_values(api, p, pattern, offset, channel_multiplier)
-    rules.same_free_size(api, "dst", n, "pattern", values.shape[1])
-    values = values.to(torch.int32)  # the engine produces int32
-    _write(dst, values.to(_I64) if dst.dtype.kind == "int" else values.to(_F32))
+    if dst.dtype.kind != "int" and len(pattern) <= 4 and _exact_in_f32(p, pattern, offset, channel_multiplier):
+        # the same integers made in fp32 directly: no int64 sums and two casts of the whole tile
+        values = _affine_values(api, p, pattern, offset, channel_multiplier, _F32)
+        rules.same_free_size(api, "dst", n, "pattern", values.shape[1])
+        _write(dst, values)
+    else:
+        values = _affine_values(api, p, pattern, offset, channel_multiplier)
+        rules.same_free_size(api, "dst", n, "pattern", values.shape[1])
+        values = values.to(torch.int32)  # the engine produces int32
+        _write(dst, values.to(_I64) if dst.dtype.kind == "int" else values.to(_F32))
     if ACTIVE:
         record("gpsimd", "iota", p * n, _bytes(dst), n, p, (("dst", dst),))
 

@@ -65,6 +65,30 @@ def test_bitvec_ops():
     assert torch.equal(out, a & 0xFF)
 
 
+COMPARES = [(nl.equal, torch.eq), (nl.not_equal, torch.ne), (nl.greater, torch.gt), (nl.greater_equal, torch.ge),
+            (nl.less, torch.lt), (nl.less_equal, torch.le)]
+
+
+@pytest.mark.parametrize("op, ref", COMPARES)
+def test_compares_are_exact_ones_and_zeros(op, ref):
+    """Comparisons write 1.0 / 0.0 straight into fp32 (ops._compare): NaN, infinities, signed zeros,
+    a [P, 1] column broadcast along the free axis, int32 tiles compared exactly (not through fp32)."""
+    special = torch.tensor([float("nan"), float("inf"), -float("inf"), 0.0, -0.0, 1.0, -1.0, 2.0])
+    x = special.repeat(16).reshape(16, 8)
+    col = special.roll(3).repeat(2).reshape(16, 1)
+    out = on_tiles(lambda d, a, c: nisa.tensor_scalar(d, a, op, c), (16, 8), nl.float32, x, col)
+    assert torch.equal(out, ref(x, col).float())
+    out = on_tiles(lambda d, a, b, c: nisa.scalar_tensor_tensor(d, a, op, c, nl.multiply, b), (16, 8), nl.float32,
+                   x, x.flip(1), col)
+    expected = ref(x, col).float() * x.flip(1)
+    assert torch.equal(out.isnan(), expected.isnan()) and torch.equal(out.nan_to_num(), expected.nan_to_num())
+    assert torch.equal(out.signbit(), expected.signbit())  # 0.0 * negative stays -0.0
+    big = torch.tensor([[2**30 + 1, 2**30]], dtype=torch.int32).repeat(4, 1)
+    out = on_tiles(lambda d, a, b: nisa.tensor_tensor(d, a, b, op), (4, 2), nl.int32, big, big.flip(1))
+    assert torch.equal(out, ref(big, big.flip(1)).int())
+    assert op(3, 3) == float(ref(torch.tensor(3), torch.tensor(3)))
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("shape", [(128, 512), (16, 24)])
 def test_tensor_scalar_numbers_and_vectors(shape, dtype):
@@ -277,6 +301,28 @@ def test_iota():
     assert torch.equal(out, (5 + p + free).int())
     out = on_tiles(lambda d: nisa.iota(d, [[1, 16]]), (4, 16), nl.float32)
     assert torch.equal(out, torch.arange(16.0).expand(4, 16))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("offset, multiplier, pattern", [
+    (-7, 3, [[-2, 16], [5, 4]]),                # negative steps and offset: exact in fp32
+    (2 ** 24 - 40, 1, [[1, 64]]),               # crosses 2**24: the int32 values rounded once to fp32
+    (2 ** 31 - 100, 1, [[1, 128]]),             # past int32: the engine's wrapped int32 values
+    (-(2 ** 23), -(2 ** 16), [[2 ** 10, 8]]),   # within 2**24 by a hair at the last partition
+])
+def test_iota_into_float_tiles_is_the_int32_result_rounded(offset, multiplier, pattern, dtype):
+    """A float iota is made in fp32 directly when every value and partial sum is an exact fp32
+    integer (isa_alu._exact_in_f32), through int32 otherwise; both must give the int32 values rounded."""
+    n = 1
+    for _, num in pattern:
+        n *= num
+    free = torch.zeros(1, dtype=torch.int64)
+    for step, num in pattern:
+        free = (free[:, None] + step * torch.arange(num)[None, :]).reshape(-1)
+    expected = (offset + multiplier * torch.arange(128)[:, None] + free[None, :]).to(torch.int32).float()
+    out = on_tiles(lambda d: nisa.iota(d, pattern, offset=offset, channel_multiplier=multiplier), (128, n),
+                   nl_dtype(dtype))
+    assert torch.equal(out, expected.to(dtype))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
