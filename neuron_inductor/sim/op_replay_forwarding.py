@@ -80,7 +80,7 @@ def forwarded(calls: list, namespace: dict, layouts: dict, visible: set, aliasin
 class _Regions:
     """Region of each name, as the calls make them (views share their base's group)."""
 
-    def __init__(self, namespace: dict, layouts: dict, aliasing: set) -> None:
+    def __init__(self, namespace: dict, layouts: dict, aliasing: dict) -> None:
         self.namespace, self.layouts, self.aliasing, self.known = namespace, layouts, aliasing, {}
 
     def of(self, name: str) -> Region | None:
@@ -129,9 +129,6 @@ def _overlap(a: Region, b: Region) -> bool:
 
 def _same_layout(a: Region, b: Region) -> bool:
     return a.key is not None and b.key is not None and a.key[2:] == b.key[2:]
-
-
-
 
 
 _ELEMENTWISE: dict = {}  # operation -> whether it is an elementwise reader
