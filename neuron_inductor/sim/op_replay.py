@@ -259,17 +259,10 @@ class Plan:
         self.written_args = written_args  # positions of the arguments the kernel writes
 
     def run(self, args: tuple):
-        """The result, or raises Mismatch (then nothing the caller sees was written)."""
-        from .launch import _kernel_threads  # (launch imports this module)
-        threads, previous = _kernel_threads(), torch.get_num_threads()
-        if threads and threads != previous:
-            torch.set_num_threads(threads)  # as the slow path: the thread count can change a matmul's sums
-        try:
-            with below_autograd():
-                result = self.function(*args)
-        finally:
-            if threads and threads != previous:
-                torch.set_num_threads(previous)
+        """The result, or raises Mismatch (then nothing the caller sees was written). Called inside
+        launch.kernel_threads, as the slow path runs: the thread count can change a matmul's sums."""
+        with below_autograd():
+            result = self.function(*args)
         bump_versions(args, self.written_args)
         for trace in tracing.ACTIVE:
             trace.instructions.extend(self.instructions)
@@ -396,7 +389,6 @@ def _persistent(recorder: Recorder, ops: list, result_keys: set) -> dict:
     return found
 
 
-
 def _constants(template, recorder: Recorder):
     return map_refs(template, lambda ref: recorder.constants[int(ref.name[1:])])
 
@@ -496,7 +488,6 @@ def _calls(live: list, recorder: Recorder, result_names: set, persistent: dict, 
     return _without_unread_views(calls, result_names), namespace
 
 
-
 def _without_unread_views(calls: list, result_names: set) -> list:
     """`calls` less the views nothing reads: a view of a view was kept for its own view, which folding
     made one as_strided of the root (a view computes nothing, so dropping it changes no bit)."""
@@ -504,7 +495,7 @@ def _without_unread_views(calls: list, result_names: set) -> list:
     for call in reversed(calls):
         if call.new and call.guard is None and call.func.is_view and not any(n in read for n in call.new):
             continue
-        read.update(set(ref_names((call.args, call.kwargs))))
+        read.update(ref_names((call.args, call.kwargs)))
         kept.append(call)
     kept.reverse()
     return kept
@@ -526,7 +517,7 @@ def _generate(calls: list, recorder: Recorder, result_template, result_names: se
     funcs: dict = {}
     last_use: dict = {}
     for index, call in enumerate(calls):
-        for name in set(ref_names((call.args, call.kwargs))):
+        for name in ref_names((call.args, call.kwargs)):
             last_use[name] = index
     lines = [f"def replay({', '.join(f'a{i}' for i in range(len(recorder.arg_tensors)))}):"]
     for index, call in enumerate(calls):
@@ -550,7 +541,6 @@ def _generate(calls: list, recorder: Recorder, result_template, result_names: se
     lines.append(f"    return {_source(result_template)}")
     exec(compile("\n".join(lines), f"<replay of {len(calls)} operations>", "exec"), namespace)
     return namespace["replay"]
-
 
 
 def _unfaithful_bindings(calls: list, recorder: Recorder, namespace: dict) -> set:
