@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import torch
 
-from .op_replay_refs import Ref, arguments, renamed, written_positions
+from .op_replay_refs import Ref, renamed, written_names
 
 _TO_COPY = torch.ops.aten._to_copy.default
 
@@ -32,16 +32,13 @@ def reused(calls: list, namespace: dict, result_names: set) -> list:
     unsafe = set(result_names)  # names written somewhere, themselves or through a view of them
     base_of: dict = {}
     for call in calls:
-        if call.func.is_view and call.new and call.args and isinstance(call.args[0], Ref):
-            for name in call.new:
-                base_of[name] = call.args[0].name
-        written = written_positions(call)
-        for position, value in arguments(call) if written else ():
-            if isinstance(value, Ref) and position in written:
-                name = value.name
-                while name is not None and name not in unsafe:
-                    unsafe.add(name)
-                    name = base_of.get(name)
+        base = _view_base(call)
+        for name in call.new if base is not None else ():
+            base_of[name] = base
+        for name in written_names(call):
+            while name is not None and name not in unsafe:
+                unsafe.add(name)
+                name = base_of.get(name)
     storage_of: dict = {}  # name -> the storage a write through it changes
     cache: dict = {}       # (cast input storage, layout, arguments) -> the first cast's output name
     rename: dict = {}
@@ -55,15 +52,11 @@ def reused(calls: list, namespace: dict, result_names: set) -> list:
                 rename[call.new[0]] = first
                 continue
             cache[key] = call.new[0]
-        written = written_positions(call)
-        for position, value in arguments(call) if written else ():
-            if isinstance(value, Ref) and position in written:
-                changed, lo, hi = _region(value.name, namespace, storage_of)
-                for k in [k for k in cache if k[0] == changed and k[1] < hi and lo < k[2]]:
-                    del cache[k]
-        if call.func.is_view and call.new and call.args and isinstance(call.args[0], Ref):
-            for name in call.new:  # a write through a view may reach all of its base's storage
-                storage_of[name] = _region(call.args[0].name, namespace, storage_of)[0]
+        for name in written_names(call):
+            changed, lo, hi = _region(name, namespace, storage_of)
+            for k in [k for k in cache if k[0] == changed and k[1] < hi and lo < k[2]]:
+                del cache[k]
+        _note_view(call, namespace, storage_of)
         out.append(call)
     return out
 
@@ -92,16 +85,12 @@ def hoisted(calls: list, namespace: dict) -> list:
             if writer is not None and writer < index - 1:
                 after.setdefault(writer, []).append(call)
                 moved.add(index)
-        written = written_positions(call)
-        for position, value in arguments(call) if written else ():
-            if isinstance(value, Ref) and position in written:
-                region = _region(value.name, namespace, storage_of)
-                target = namespace.get(value.name) if value.name not in storage_of else None
-                rows = _row_band(target) if isinstance(target, torch.Tensor) and value.name[0] == "p" else None
-                writes.setdefault(region[0], []).append((index,) + region[1:] + (rows,))
-        if call.func.is_view and call.new and call.args and isinstance(call.args[0], Ref):
-            for name in call.new:
-                storage_of[name] = _region(call.args[0].name, namespace, storage_of)[0]
+        for name in written_names(call):
+            region = _region(name, namespace, storage_of)
+            target = namespace.get(name) if name not in storage_of else None
+            rows = _row_band(target) if isinstance(target, torch.Tensor) and name[0] == "p" else None
+            writes.setdefault(region[0], []).append((index,) + region[1:] + (rows,))
+        _note_view(call, namespace, storage_of)
     out = []
     for index, call in enumerate(calls):
         if index not in moved:
@@ -155,6 +144,21 @@ def byte_extent(t: torch.Tensor) -> tuple:
     size = t.element_size()
     span = sum((n - 1) * st for n, st in zip(t.shape, t.stride())) if t.numel() else -1
     return t.untyped_storage().data_ptr(), t.storage_offset() * size, (t.storage_offset() + span + 1) * size
+
+
+def _view_base(call) -> str | None:
+    """The name of the tensor a view line views, or None (no view)."""
+    if call.func.is_view and call.new and call.args and isinstance(call.args[0], Ref):
+        return call.args[0].name
+    return None
+
+
+def _note_view(call, namespace: dict, storage_of: dict) -> None:
+    """Record in `storage_of` the storage a write through each view `call` makes may change: all of
+    its base's."""
+    base = _view_base(call)
+    for name in call.new if base is not None else ():
+        storage_of[name] = _region(base, namespace, storage_of)[0]
 
 
 def _region(name: str, namespace: dict, storage_of: dict) -> tuple:

@@ -35,7 +35,7 @@ from typing import NamedTuple
 import torch
 
 from .op_replay_casts import byte_extent
-from .op_replay_refs import Ref, arguments, ref_names, written_positions
+from .op_replay_refs import Ref, arguments, ref_names, written_names, written_positions
 
 _COPY = torch.ops.aten.copy_.default
 _AS_STRIDED = torch.ops.aten.as_strided.default
@@ -135,9 +135,7 @@ _ELEMENTWISE: dict = {}  # operation -> whether it is an elementwise reader
 
 
 def _written_regions(call, regions: _Regions) -> list:
-    positions = written_positions(call)
-    return [r for position, value in arguments(call) if position in positions
-            for r in map(regions.of, ref_names(value)) if r is not None]
+    return [r for r in map(regions.of, written_names(call)) if r is not None]
 
 
 def _visible_groups(regions: _Regions, visible: set) -> set:

@@ -55,6 +55,13 @@ def written_positions(call) -> frozenset:
     return found
 
 
+def written_names(call) -> list:
+    """The names a line's operation writes (through the arguments at its written positions)."""
+    positions = written_positions(call)
+    return [n for position, value in arguments(call) if position in positions for n in ref_names(value)] \
+        if positions else []
+
+
 def arguments(call):
     """(position or keyword, value) of a line's top-level arguments."""
     yield from enumerate(call.args)

@@ -39,11 +39,10 @@ def routed(calls: list, namespace: dict, layouts: dict) -> list:
     views of arguments made here are added to it."""
     out, count = [], 0
     for call in calls:
-        pair = _transposing(call, namespace, layouts)
-        if pair is None:
+        src = _transposing(call, namespace, layouts)
+        if src is None:
             out.append(call)
             continue
-        dst, src = pair
         order = sorted(range(src.dim()), key=lambda d: -src.stride(d))
         count += 1
         scratch = torch.empty([src.shape[d] for d in order], dtype=src.dtype)
@@ -66,8 +65,8 @@ def routed(calls: list, namespace: dict, layouts: dict) -> list:
 
 
 def _transposing(call, namespace: dict, layouts: dict):
-    """(dst, src) of a copy_ worth routing (src: a meta tensor of its layout if it views an
-    argument), or None."""
+    """The source of a copy_ worth routing (a meta tensor of its layout if it views an argument),
+    or None."""
     if call.func is not _COPY or len(call.args) != 2 or call.kwargs:
         return None
     dst_ref, src_ref = call.args
@@ -82,11 +81,11 @@ def _transposing(call, namespace: dict, layouts: dict):
     if step < MIN_STRIDE_BYTES or src.stride(inner) == min(src.stride()):
         return None
     if src.is_meta:
-        return (dst, src) if step % ARGUMENT_ALIASING_BYTES == 0 else None  # (an argument is no kept tile)
+        return src if step % ARGUMENT_ALIASING_BYTES == 0 else None  # (an argument is no kept tile)
     (storage_d, lo_d, hi_d), (storage_s, lo_s, hi_s) = byte_extent(dst), byte_extent(src)
     if storage_d == storage_s and lo_d < hi_s and lo_s < hi_d:
         return None  # overlapping: the two steps would read what the first wrote
-    return dst, src
+    return src
 
 
 def _kept(ref, namespace: dict) -> bool:
