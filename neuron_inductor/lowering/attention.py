@@ -45,6 +45,9 @@ KV_BLOCK_BANKS = {2: 4, 4: 2}
 # set (forward with a mask: ~24 KiB of score / P / P^T tiles, live twice while a loop iteration
 # allocates the next ones): 144 KiB of trn2's 208 KiB.
 SBUF_RESERVE = 64 * KIB
+# Query tiles of a head whose out / lse rows the forward keeps and writes out together (one DMA each,
+# one log): up to 8 tiles (1024 rows; at D=128 fp32, 4 KiB per partition).
+OUT_TILES = 8
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
@@ -124,10 +127,20 @@ def _check_sbuf(ctx: LoweringContext, what: str, nbytes: int) -> None:
                           f"(budget {budget // KIB} KiB on {ctx.target.name}); sequence too long for this kernel")
 
 
-def _forward_sbuf_bytes(shapes: dict, itemsize: int, mask: dict | None) -> int:
-    """K^T [D, Sk], V as [P, Sk/P, D], Q^T [D, Sq]; a row-broadcast mask as [P, Sk] fp32."""
+def _out_tiles(shapes: dict, split: dict | None) -> int:
+    """Query tiles per output group of the forward: one when the query tiles are dealt out over LNC
+    programs (a program's tiles are not adjacent), else up to OUT_TILES."""
+    if split is not None and split["loop"] == "q_tiles":
+        return 1
+    return min(OUT_TILES, -(-shapes["q_len"] // shapes["q_tile"]))
+
+
+def _forward_sbuf_bytes(shapes: dict, itemsize: int, mask: dict | None, out_tiles: int) -> int:
+    """K^T [D, Sk], V as [P, Sk/P, D], Q^T [D, Sq]; a row-broadcast mask as [P, Sk] fp32; an output
+    group's rows [P, out_tiles, D] and its fp32 columns (l, bias, lse, valid)."""
     kv_len, chunks = shapes["kv_len"], -(-shapes["kv_len"] // shapes["kv_chunk"])
     resident = (kv_len + shapes["q_len"]) * itemsize + chunks * shapes["head_dim"] * itemsize
+    resident += out_tiles * (shapes["head_dim"] * itemsize + 4 * 4)
     if mask and mask["broadcast_rows"]:
         resident += kv_len * 4
     return resident
@@ -149,15 +162,16 @@ def _backward_sbuf_bytes(shapes: dict, itemsize: int, mask: dict | None) -> int:
 def lower_sdpa_forward(ctx: LoweringContext, node: fx.Node) -> KernelSpec:
     args, shapes, mask, causal = _node_params(ctx, node)
     itemsize = val(args["query"]).element_size()
-    _check_sbuf(ctx, "attention forward", _forward_sbuf_bytes(shapes, itemsize, mask))
     inputs = [args["query"], args["key"], args["value"]] + ([args["attn_mask"]] if mask else [])
     # out and lse rows of one (batch, head, query tile) are written by that iteration alone
     split = plan_split(ctx, {"batch": shapes["batch"], "kv_heads": shapes["kv_heads"], "group": shapes["group"],
                              "q_tiles": math.ceil(shapes["q_len"] / shapes["q_tile"])})
+    out_tiles = _out_tiles(shapes, split)
+    _check_sbuf(ctx, "attention forward", _forward_sbuf_bytes(shapes, itemsize, mask, out_tiles))
     return KernelSpec(
         family="attention_fwd",
         params=dict(shapes, causal=causal, mask=mask, kv_block=KV_BLOCK_BANKS[min(itemsize, 4)] * ctx.tile.psum_fmax,
-                    split=split),
+                    split=split, out_tiles=out_tiles),
         inputs=inputs,
         outputs=result_values(node),
         flops=2 * _score_flops(shapes, causal),  # QK^T and PV
