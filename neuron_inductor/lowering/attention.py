@@ -146,13 +146,20 @@ def _forward_sbuf_bytes(shapes: dict, itemsize: int, mask: dict | None, out_tile
     return resident
 
 
+def _row_tiles(shapes: dict) -> int:
+    """Query tiles whose Q / dO / O rows and lse the backward loads together: up to OUT_TILES."""
+    return min(OUT_TILES, -(-shapes["q_len"] // shapes["q_tile"]))
+
+
 def _backward_sbuf_bytes(shapes: dict, itemsize: int, mask: dict | None) -> int:
-    """Per kv head: K^T, V^T, K and fp32 dK / dV sums; per query head: Q^T, dO^T, Q, dO, fp32 dQ sums."""
+    """Per kv head: K^T, V^T, K and fp32 dK / dV sums; per query head: Q^T, dO^T, Q, dO, fp32 dQ sums;
+    a row group's O rows, fp32 dO * O and lse."""
     d = shapes["head_dim"]
     q_len, kv_len = shapes["q_len"], shapes["kv_len"]
     q_chunks, kv_chunks = -(-q_len // shapes["q_tile"]), -(-kv_len // shapes["kv_chunk"])
     per_kv_head = 2 * kv_len * itemsize + kv_chunks * d * (itemsize + 8)
     per_q_head = 2 * q_len * itemsize + q_chunks * d * (2 * itemsize + 4) + q_chunks * 8
+    per_q_head += _row_tiles(shapes) * (d * (itemsize + 4) + 4)
     if mask and mask["broadcast_rows"]:
         per_kv_head += kv_len * 4
     return per_kv_head + per_q_head
@@ -197,7 +204,7 @@ def lower_sdpa_backward(ctx: LoweringContext, node: fx.Node) -> KernelSpec:
     split = plan_split(ctx, {"batch": shapes["batch"], "kv_heads": shapes["kv_heads"]})
     return KernelSpec(
         family="attention_bwd",
-        params=dict(shapes, causal=causal, mask=mask, split=split),
+        params=dict(shapes, causal=causal, mask=mask, split=split, row_tiles=_row_tiles(shapes)),
         inputs=inputs,
         outputs=result_values(node),
         flops=5 * _score_flops(shapes, causal),  # QK^T, dO V^T, P^T dO, dS^T Q, dS K
