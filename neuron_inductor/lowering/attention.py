@@ -146,20 +146,24 @@ def _forward_sbuf_bytes(shapes: dict, itemsize: int, mask: dict | None, out_tile
     return resident
 
 
-def _row_tiles(shapes: dict) -> int:
-    """Query tiles whose Q / dO / O rows and lse the backward loads together: up to OUT_TILES."""
-    return min(OUT_TILES, -(-shapes["q_len"] // shapes["q_tile"]))
+def _row_tiles(shapes: dict) -> tuple[int, int]:
+    """Whole query tiles whose Q / dO / O rows, lse and dQ the backward moves together, and whole key
+    chunks whose dK / dV it writes together: up to OUT_TILES each (a partial last one moves alone)."""
+    return (min(OUT_TILES, max(1, shapes["q_len"] // shapes["q_tile"])),
+            min(OUT_TILES, max(1, shapes["kv_len"] // shapes["kv_chunk"])))
 
 
 def _backward_sbuf_bytes(shapes: dict, itemsize: int, mask: dict | None) -> int:
-    """Per kv head: K^T, V^T, K and fp32 dK / dV sums; per query head: Q^T, dO^T, Q, dO, fp32 dQ sums;
-    a row group's O rows, fp32 dO * O and lse."""
+    """Per kv head: K^T, V^T, K and fp32 dK / dV sums, a chunk group's dK / dV staging; per query head:
+    Q^T, dO^T, Q, dO, fp32 dQ sums, a row group's O rows, fp32 dO * O, lse and dQ staging."""
     d = shapes["head_dim"]
     q_len, kv_len = shapes["q_len"], shapes["kv_len"]
     q_chunks, kv_chunks = -(-q_len // shapes["q_tile"]), -(-kv_len // shapes["kv_chunk"])
     per_kv_head = 2 * kv_len * itemsize + kv_chunks * d * (itemsize + 8)
     per_q_head = 2 * q_len * itemsize + q_chunks * d * (2 * itemsize + 4) + q_chunks * 8
-    per_q_head += _row_tiles(shapes) * (d * (itemsize + 4) + 4)
+    row_tiles, kv_row_tiles = _row_tiles(shapes)
+    per_q_head += row_tiles * (d * (2 * itemsize + 4) + 4)
+    per_kv_head += kv_row_tiles * d * 2 * itemsize
     if mask and mask["broadcast_rows"]:
         per_kv_head += kv_len * 4
     return per_kv_head + per_q_head
@@ -204,7 +208,8 @@ def lower_sdpa_backward(ctx: LoweringContext, node: fx.Node) -> KernelSpec:
     split = plan_split(ctx, {"batch": shapes["batch"], "kv_heads": shapes["kv_heads"]})
     return KernelSpec(
         family="attention_bwd",
-        params=dict(shapes, causal=causal, mask=mask, split=split, row_tiles=_row_tiles(shapes)),
+        params=dict(shapes, causal=causal, mask=mask, split=split,
+                    **dict(zip(("row_tiles", "kv_row_tiles"), _row_tiles(shapes)))),
         inputs=inputs,
         outputs=result_values(node),
         flops=5 * _score_flops(shapes, causal),  # QK^T, dO V^T, P^T dO, dS^T Q, dS K
