@@ -37,7 +37,6 @@ MAX_DMAS = 16384
 # Rows (leading-dim elements) of one HBM -> HBM box: no partition limit applies off chip, and an access
 # pattern's sizes are uint16 (nki-reference.md §2)
 HBM_BOX_ROWS = 65535
-SHARED_BOX_BYTES = 4096  # a DMA this large saturates its queue (nki-reference.md §2): the least worth sharing
 
 
 def _walk(ctx: LoweringContext, shape, single=(), hbm: bool = True) -> list[dict]:
@@ -113,16 +112,17 @@ def _fill_pieces(ctx: LoweringContext, out_shape, inner_lo, inner_hi) -> list[di
     return pieces
 
 
-def _share_out(ctx: LoweringContext, pieces: list[dict], itemsize: int) -> None:
-    """A piece of one DMA (a large HBM box, _walk) holding more than a ctx.lnc-th of the kernel's elements
-    is cut along its outermost dim of 2+ elements into ctx.lnc chunks, so that the LNC programs share it
-    (when each chunk still moves SHARED_BOX_BYTES: smaller DMAs are fixed cost only)."""
+def _share_out(ctx: LoweringContext, pieces: list[dict]) -> None:
+    """A piece of one DMA holding more than a ctx.lnc-th of the kernel's elements, in a box of more rows
+    than the partitions (one that tiles would have cut, _walk), is cut along its outermost dim of 2+
+    elements into ctx.lnc chunks, so that the LNC programs share it. Smaller boxes stay one DMA: a
+    one-program copy kernel replays as copies (sim/replay.py), an SPMD one as operations."""
     if ctx.lnc == 1 or not pieces:
         return
     size = lambda p: math.prod(d["extent"] for d in p["dims"])  # noqa: E731
     largest = max(pieces, key=size)
-    if _dma_count(largest) > 1 or size(largest) * ctx.lnc <= sum(size(p) for p in pieces) or \
-            size(largest) * itemsize < ctx.lnc * SHARED_BOX_BYTES:
+    rows = math.prod(d["chunk"] for d in largest["dims"] if d["axis"] == "p")
+    if _dma_count(largest) > 1 or rows <= ctx.tile.partitions or size(largest) * ctx.lnc <= sum(map(size, pieces)):
         return
     for d in largest["dims"]:
         if d["chunk"] >= 2:
@@ -157,7 +157,7 @@ def _spec(ctx: LoweringContext, node: fx.Node, inputs: list, pieces: list[dict],
     if out.dtype in (torch.float64, torch.complex64, torch.complex128):
         raise Unsupported(f"dtype {out.dtype} has no on-chip equivalent")
     pieces = [p for p in pieces if all(d["extent"] > 0 for d in p["dims"])]
-    _share_out(ctx, pieces, out.element_size())
+    _share_out(ctx, pieces)
     dmas = sum(_dma_count(p) for p in pieces)
     if dmas > MAX_DMAS:
         raise Unsupported(f"{dmas} DMAs (more than {MAX_DMAS}: too many indices walked one at a time)")

@@ -200,8 +200,14 @@ def test_hbm_copies_move_whole_boxes_shared_by_the_programs(rows, dtype):
 
 
 def test_hbm_boxes_stay_within_an_access_patterns_sizes():
-    # 70000 rows: one box of 65535 (uint16 sizes) and the rest; a small piece is not shared by the programs
+    # 70000 rows: one box of 65535 (uint16 sizes) and the rest
     boxes = _dmas(lambda t: t[1:].clone(), [torch.randn(70001, 2)], aten.clone.default, LNC1)
     assert len(boxes) == 2 and max(max(o.shape) for i in boxes for o in i.operands) == 65535
-    small = _dmas(lambda t: t[1:].clone(), [torch.randn(9, 64)], aten.clone.default, CTX)
-    assert len(small) == 1
+
+
+@pytest.mark.parametrize("rows", [8, 128])
+def test_a_box_of_at_most_128_rows_stays_one_programs_dma(rows):
+    # as before boxes grew past the partitions: one DMA, one program (copy replay, not operations)
+    spec = lowered(lambda t: t[1:].clone(), torch.randn(rows + 1, 2, 64), target=aten.clone.default)
+    assert spec.grid == 1
+    assert len(_dmas(lambda t: t[1:].clone(), [torch.randn(rows + 1, 2, 64)], aten.clone.default, CTX)) == 1
