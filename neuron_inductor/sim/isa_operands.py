@@ -92,10 +92,14 @@ def _write(dst, values: torch.Tensor, wrap: bool = False) -> None:
 
 
 def _matched(data: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(dst, src) of one shape, the same elements in row-major order: dst viewed as the values' shape
-    where torch can (a strided source, e.g. a permuted or broadcast HBM view, is then read in place, not
-    first copied compact by reshape), else the values reshaped. A dst with zero steps keeps its shape
-    (_store's pattern order)."""
+    """(dst, src) of one shape, the same elements in row-major order: the values viewed as dst's shape,
+    else (a strided source, e.g. a permuted or broadcast HBM view, that reshape would first copy
+    compact) dst viewed as the values' shape, so the copy reads the source in place; else the values
+    reshaped. A dst with zero steps keeps its shape (_store's pattern order)."""
+    try:
+        return data, values.view(data.shape)
+    except RuntimeError:
+        pass
     if 0 not in data.stride():
         try:
             return data.view(values.shape), values
