@@ -2,8 +2,10 @@
 
 Each op is a list of *pieces*: a box of the destination filled either from one input (read by its
 logical shape, so strided / expanded host views work) or with a constant. Pieces never overlap,
-so the DMAs may complete in any order. Input pieces are direct HBM -> HBM DMAs, one per tile of
-`plan_copy`; constant pieces DMA a memset SBUF tile. No engine touches the data.
+so the DMAs may complete in any order. Input pieces are direct HBM -> HBM DMAs, one per box of
+`plan_copy` with no partition limit (`_walk`: up to HBM_BOX_ROWS leading elements; a large one-DMA
+piece is cut for the LNC programs to share, `_share_out`); constant pieces DMA a memset SBUF tile of
+`plan_copy`'s tiles. No engine touches the data.
 
 A piece's `dst` / `src` list one slice per dim of the destination / source: `shift` (the box's
 offset), `step` (a strided box, slice_scatter's step) and `mode`: "same" follows the walked dim,
@@ -14,13 +16,14 @@ mirrored. DMAs have no negative or zero strides, so the dims a source does not f
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import torch
 import torch.fx as fx
 
 from .common import arg, val
-from .context import LoweringContext, TileSizes
+from .context import LoweringContext
 from .ir import KernelSpec, Unsupported
 from .lnc import split_nest
 from .reduction import Dim, plan_copy
@@ -31,11 +34,17 @@ aten = torch.ops.aten
 # The most DMAs one kernel may issue: flip / broadcast / repeat walk some dims one index at a
 # time, and every DMA is a line of the unrolled kernel.
 MAX_DMAS = 16384
+# Rows (leading-dim elements) of one HBM -> HBM box: no partition limit applies off chip, and an access
+# pattern's sizes are uint16 (nki-reference.md §2)
+HBM_BOX_ROWS = 65535
 
 
-def _walk(tile: TileSizes, shape, single=()) -> list[dict]:
-    """plan_copy's walk of `shape`, with the dims in `single` walked one index at a time."""
+def _walk(ctx: LoweringContext, shape, single=(), hbm: bool = True) -> list[dict]:
+    """plan_copy's walk of `shape`, with the dims in `single` walked one index at a time. `hbm`: the
+    boxes are HBM -> HBM DMAs, whose leading dims lie on no partitions: boxes of up to HBM_BOX_ROWS
+    rows, not the tile's partitions (fewer, larger DMAs; `_share_out` gives each LNC program one)."""
     shape = [int(s) for s in shape]
+    tile = dataclasses.replace(ctx.tile, partitions=HBM_BOX_ROWS) if hbm else ctx.tile
     planned = plan_copy(tile, [1 if d in single else s for d, s in enumerate(shape)])
     return [(Dim(d, shape[d], False, "loop", 1) if d in single else p).as_param() for d, p in enumerate(planned)]
 
@@ -44,26 +53,26 @@ def _slice(dim: int, shift: int = 0, step: int = 1, mode: str = "same") -> dict:
     return {"dim": dim, "shift": int(shift), "step": int(step), "mode": mode}
 
 
-def _piece(tile: TileSizes, shape, offsets, source: int | None, source_offsets=None, steps=None,
+def _piece(ctx: LoweringContext, shape, offsets, source: int | None, source_offsets=None, steps=None,
            source_steps=None) -> dict:
     """A destination box of `shape` at `offsets` (every `steps`-th element), read from input
     `source` at `source_offsets` (default: its origin), or filled with the constant when `source` is None."""
     rank = len(shape)
     source_offsets = source_offsets or [0] * rank
     steps, source_steps = steps or [1] * rank, source_steps or [1] * rank
-    return {"source": source, "dims": _walk(tile, shape),
+    return {"source": source, "dims": _walk(ctx, shape, hbm=source is not None),
             "dst": [_slice(d, offsets[d], steps[d]) for d in range(rank)],
             "src": [_slice(d, source_offsets[d], source_steps[d]) for d in range(rank)]}
 
 
-def _broadcast_piece(tile: TileSizes, shape, source_shape, source: int) -> dict:
+def _broadcast_piece(ctx: LoweringContext, shape, source_shape, source: int) -> dict:
     """The whole destination `shape` read from input `source` broadcast to it (torch rules)."""
     lead = len(shape) - len(source_shape)
     if lead < 0 or any(s not in (1, shape[lead + k]) for k, s in enumerate(source_shape)):
         raise Unsupported(f"source of shape {list(source_shape)} does not broadcast to {list(shape)}")
     src = [_slice(lead + k, mode="one" if s == 1 else "same") for k, s in enumerate(source_shape)]
     single = set(range(lead)) | {s["dim"] for s in src if s["mode"] == "one"}
-    return {"source": source, "dims": _walk(tile, shape, single), "dst": [_slice(d) for d in range(len(shape))],
+    return {"source": source, "dims": _walk(ctx, shape, single), "dst": [_slice(d) for d in range(len(shape))],
             "src": src}
 
 
@@ -79,7 +88,7 @@ def _dma_count(piece: dict) -> int:
     return math.prod(-(-d["extent"] // d["chunk"]) for d in piece["dims"])
 
 
-def _fill_pieces(tile: TileSizes, out_shape, inner_lo, inner_hi) -> list[dict]:
+def _fill_pieces(ctx: LoweringContext, out_shape, inner_lo, inner_hi) -> list[dict]:
     """Boxes covering out_shape minus the box [inner_lo, inner_hi): per dim d, the slabs before
     and after the inner box, restricted to the inner box on dims < d (so slabs are disjoint)."""
     pieces = []
@@ -99,8 +108,27 @@ def _fill_pieces(tile: TileSizes, out_shape, inner_lo, inner_hi) -> list[dict]:
                     shape.append(size)
                     offsets.append(0)
             if all(s > 0 for s in shape):
-                pieces.append(_piece(tile, shape, offsets, None))
+                pieces.append(_piece(ctx, shape, offsets, None))
     return pieces
+
+
+def _share_out(ctx: LoweringContext, pieces: list[dict]) -> None:
+    """A piece of one DMA holding more than a ctx.lnc-th of the kernel's elements, in a box of more rows
+    than the partitions (one that tiles would have cut, _walk), is cut along its outermost dim of 2+
+    elements into ctx.lnc chunks, so that the LNC programs share it. Smaller boxes stay one DMA: a
+    one-program copy kernel replays as copies (sim/replay.py), an SPMD one as operations."""
+    if ctx.lnc == 1 or not pieces:
+        return
+    size = lambda p: math.prod(d["extent"] for d in p["dims"])  # noqa: E731
+    largest = max(pieces, key=size)
+    rows = math.prod(d["chunk"] for d in largest["dims"] if d["axis"] == "p")
+    if _dma_count(largest) > 1 or rows <= ctx.tile.partitions or size(largest) * ctx.lnc <= sum(map(size, pieces)):
+        return
+    for d in largest["dims"]:
+        if d["chunk"] >= 2:
+            d["chunk"] = -(-d["chunk"] // ctx.lnc)
+            d["walked"] = d["chunk"] < d["extent"]
+            return
 
 
 def _deal_pieces(ctx: LoweringContext, pieces: list[dict]) -> bool:
@@ -129,6 +157,7 @@ def _spec(ctx: LoweringContext, node: fx.Node, inputs: list, pieces: list[dict],
     if out.dtype in (torch.float64, torch.complex64, torch.complex128):
         raise Unsupported(f"dtype {out.dtype} has no on-chip equivalent")
     pieces = [p for p in pieces if all(d["extent"] > 0 for d in p["dims"])]
+    _share_out(ctx, pieces)
     dmas = sum(_dma_count(p) for p in pieces)
     if dmas > MAX_DMAS:
         raise Unsupported(f"{dmas} DMAs (more than {MAX_DMAS}: too many indices walked one at a time)")
@@ -160,7 +189,7 @@ def _lower_copy(ctx: LoweringContext, node: fx.Node, inplace: bool) -> KernelSpe
         raise Unsupported(f"source dtype {val(src).dtype} has no on-chip equivalent")
     _check_cast(val(src).dtype, val(dst).dtype)
     inputs = [dst, src] if inplace else [src]
-    piece = _broadcast_piece(ctx.tile, val(dst).shape, val(src).shape, len(inputs) - 1)
+    piece = _broadcast_piece(ctx, val(dst).shape, val(src).shape, len(inputs) - 1)
     return _spec(ctx, node, inputs, [piece], inplace=inplace)
 
 
@@ -200,7 +229,7 @@ def lone_copy(nodes: list[fx.Node], outputs: list[fx.Node]) -> fx.Node | None:
 def lower_lone_copy(ctx: LoweringContext, node: fx.Node) -> KernelSpec:
     """A `lone_copy` node as a copy kernel: HBM -> HBM DMAs of `plan_copy`'s boxes."""
     src = node.args[0]
-    piece = _broadcast_piece(ctx.tile, val(node).shape, val(src).shape, 0)
+    piece = _broadcast_piece(ctx, val(node).shape, val(src).shape, 0)
     return _spec(ctx, node, [src], [piece])
 
 
@@ -218,7 +247,7 @@ def lower_cat(ctx: LoweringContext, node: fx.Node) -> KernelSpec:
             raise Unsupported("cat of mixed dtypes")
         offsets = [0] * out.dim()
         offsets[dim] = offset
-        pieces.append(_piece(ctx.tile, shape, offsets, len(inputs)))
+        pieces.append(_piece(ctx, shape, offsets, len(inputs)))
         inputs.append(t)
         offset += shape[dim]
     if not inputs:
@@ -240,8 +269,8 @@ def lower_constant_pad_nd(ctx: LoweringContext, node: fx.Node) -> KernelSpec:
         lo[d], src_lo[d] = max(before, 0), max(-before, 0)
         src_hi[d] = x.shape[d] - max(-after, 0)
         hi[d] = lo[d] + max(src_hi[d] - src_lo[d], 0)
-    pieces = _fill_pieces(ctx.tile, list(val(node).shape), lo, hi)
-    pieces.append(_piece(ctx.tile, [h - l for l, h in zip(lo, hi)], lo, 0, src_lo))
+    pieces = _fill_pieces(ctx, list(val(node).shape), lo, hi)
+    pieces.append(_piece(ctx, [h - l for l, h in zip(lo, hi)], lo, 0, src_lo))
     return _spec(ctx, node, [node.args[0]], pieces, fill=value)
 
 
@@ -262,15 +291,15 @@ def lower_slice_scatter(ctx: LoweringContext, node: fx.Node) -> KernelSpec:
     hi[dim] = start + max(count - 1, 0) * step + min(count, 1)
     # the base everywhere outside the slice (read in place), the source inside it: outside means
     # before / after the slice's span, and the gaps between its elements (step > 1)
-    pieces = [{**box, "source": 0, "src": box["dst"]} for box in _fill_pieces(ctx.tile, shape, lo, hi)]
+    pieces = [{**box, "source": 0, "src": box["dst"]} for box in _fill_pieces(ctx, shape, lo, hi)]
     steps = [1] * rank
     steps[dim] = step
     for gap in range(1, step):
         gap_shape, gap_lo = shape.copy(), lo.copy()
         gap_shape[dim], gap_lo[dim] = count - 1, start + gap
         if count > 1:
-            pieces.append(_piece(ctx.tile, gap_shape, gap_lo, 0, gap_lo, steps, steps))
-    pieces.append(_piece(ctx.tile, list(val(src).shape), lo, 1, steps=steps))
+            pieces.append(_piece(ctx, gap_shape, gap_lo, 0, gap_lo, steps, steps))
+    pieces.append(_piece(ctx, list(val(src).shape), lo, 1, steps=steps))
     return _spec(ctx, node, [base, src], pieces)
 
 
@@ -281,7 +310,7 @@ def lower_flip(ctx: LoweringContext, node: fx.Node) -> KernelSpec:
     flipped = {int(d) % max(rank, 1) for d in arg(node, 1, "dims")}
     flipped = {d for d in flipped if x.shape[d] > 1}  # mirroring one index moves nothing
     shape = list(x.shape)
-    piece = {"source": 0, "dims": _walk(ctx.tile, shape, flipped), "dst": [_slice(d) for d in range(rank)],
+    piece = {"source": 0, "dims": _walk(ctx, shape, flipped), "dst": [_slice(d) for d in range(rank)],
              "src": [_slice(d, mode="flip" if d in flipped else "same") for d in range(rank)]}
     return _spec(ctx, node, [node.args[0]], [piece])
 
@@ -299,6 +328,6 @@ def lower_repeat(ctx: LoweringContext, node: fx.Node) -> KernelSpec:
     view = [n for pair in zip(repeats, padded) for n in pair]
     src = [_slice(2 * (lead + k) + 1) for k in range(x.dim())]
     repeat_dims = set(range(0, len(view), 2))
-    piece = {"source": 0, "dims": _walk(ctx.tile, view, repeat_dims), "dst": [_slice(d) for d in range(len(view))],
+    piece = {"source": 0, "dims": _walk(ctx, view, repeat_dims), "dst": [_slice(d) for d in range(len(view))],
              "src": src}
     return _spec(ctx, node, [node.args[0]], [piece], dst_view=view)

@@ -85,10 +85,27 @@ def _write(dst, values: torch.Tensor, wrap: bool = False) -> None:
     if dtype in _NEEDS_CAST and not wrap:
         values = dtypes.cast_for_store(values, dtype, data.dtype)
     if values.shape != data.shape:
-        values = values.reshape(data.shape)
+        data, values = _matched(data, values)
     _store(data, values)
     if dst.buffer is tensors.psum:
         tensors.mark_written(dst)
+
+
+def _matched(data: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(dst, src) of one shape, the same elements in row-major order: the values viewed as dst's shape,
+    else (a strided source, e.g. a permuted or broadcast HBM view, that reshape would first copy
+    compact) dst viewed as the values' shape, so the copy reads the source in place; else the values
+    reshaped. A dst with zero steps keeps its shape (_store's pattern order)."""
+    try:
+        return data, values.view(data.shape)
+    except RuntimeError:
+        pass
+    if 0 not in data.stride():
+        try:
+            return data.view(values.shape), values
+        except RuntimeError:
+            pass
+    return data, values.reshape(data.shape)
 
 
 def _store(data: torch.Tensor, values: torch.Tensor) -> None:
@@ -117,9 +134,10 @@ def _copy_exact(dst, src) -> None:
     values = src.data
     if src.alloc is dst.alloc:
         values = values.clone()  # overlapping views of one allocation
-    if values.shape != dst.data.shape:
-        values = values.reshape(dst.data.shape)
-    _store(dst.data, values)
+    data = dst.data
+    if values.shape != data.shape:
+        data, values = _matched(data, values)
+    _store(data, values)
     if dst.buffer is tensors.psum:
         tensors.mark_written(dst)
 

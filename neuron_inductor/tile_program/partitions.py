@@ -25,6 +25,8 @@ reasonable keep it.
 
 from __future__ import annotations
 
+import math
+
 VECTOR_FIXED_CYCLES = 64  # per instruction (nki-reference.md §3, cost_model.py)
 GAIN = 2.0  # how much cheaper another layout must be than the default
 
@@ -97,3 +99,35 @@ def widen_rows(sizes, strides, extents, order, kinds: list[str], partitions: int
                    for ext, st in zip(extents, strides)]
     shifted = [d + 1 if d > row else d for d in order]
     return new_sizes, new_strides, new_extents, shifted, row + 1
+
+
+FREE_AXIS_DIMS = 4  # free dims of one access pattern (nki-reference.md §2)
+
+
+def fold_leads(sizes, strides, order, whole, kinds: list[str], free_limit: int, programs: int) -> list[int]:
+    """The lead dims (those walked one index at a time) to take whole onto each tile's free axis, beside
+    the `whole` dim and the last one: [rows, lead..., k, cols] tiles, so a [B, H, S, D] walk is a few
+    wide tiles, not B * H narrow ones (fewer DMAs and instructions, each DMA's runs as long as before).
+    Innermost lead first, while the tile stays within WIDE_COLS (and `free_limit`) elements, where fixed
+    costs are paid off (wider tiles only cut the overlap of loads, compute and stores), and its free axis
+    within FREE_AXIS_DIMS dims;
+    only when every operand is a whole tile or a scalar (`kinds`, as widen_rows), never a lead a scalar
+    operand steps along (it would vary along the free axis). With `programs` > 1 LNC programs, outer
+    leads of at least `programs` iterations stay loops for the programs to share."""
+    if any(kind not in ("tile", "scalar") for kind in kinds):
+        return []
+    scalars = [st for st, kind in zip(strides, kinds) if kind == "scalar"]
+    leads = [d for d in order[:-2] if d != whole]
+    width = sizes[-1] * (sizes[whole] if whole is not None else 1)
+    room = FREE_AXIS_DIMS - 1 - (whole is not None)
+    folded: list[int] = []
+    for position in range(len(leads) - 1, -1, -1):
+        d = leads[position]
+        if len(folded) == room or width * sizes[d] > min(free_limit, WIDE_COLS) or any(st[d] != 0 for st in scalars):
+            break
+        if programs > 1 and math.prod(sizes[e] for e in leads[:position + 1]) >= programs > \
+                math.prod(sizes[e] for e in leads[:position]):
+            break  # the last loop the programs could share
+        folded.append(d)
+        width *= sizes[d]
+    return sorted(folded)

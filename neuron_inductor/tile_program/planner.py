@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from ..sim.targets import KIB
 from .ir import NL_DTYPE, PointwiseProgram, ProgramInput, on_chip_name
-from .partitions import choose_rows, widen_rows
+from .partitions import choose_rows, fold_leads, widen_rows
 from .select import resolve_program
 
 if TYPE_CHECKING:
@@ -137,7 +137,8 @@ def plan_kernel(program: PointwiseProgram, tile: TileSizes, programs: int = 1) -
         regions = []  # an empty result: nothing to compute
     elif len(sizes) >= 2:
         grid = widen_rows(sizes, strides, extents, order, list(kinds.values()), tile.partitions, free_limit)
-        regions = [_grid_region(*grid, inputs, outputs, kinds, free_limit, tile.partitions, programs)]
+        folded = fold_leads(grid[0], grid[1], grid[3], grid[4], list(kinds.values()), free_limit, programs)
+        regions = [_grid_region(*grid, folded, inputs, outputs, kinds, free_limit, tile.partitions, programs)]
     else:
         regions = _flat_regions(sizes[0] if sizes else 1, inputs, outputs, kinds, free_limit, tile.partitions,
                                 programs)
@@ -150,32 +151,38 @@ def plan_kernel(program: PointwiseProgram, tile: TileSizes, programs: int = 1) -
 
 def _load(var: str, view: str, roles: list[str], inp: ProgramInput, kind: str) -> dict:
     dtype = NL_DTYPE[inp.column_dtype if kind in ("col", "scalar") else inp.tile_dtype]
-    return {"var": var, "view": view, "roles": roles, "dtype": dtype, "kind": kind}
+    return {"var": var, "view": view, "roles": roles, "dtype": dtype, "kind": kind, "broadcasts": [], "permute": None}
 
 
-def _grid_region(sizes, strides, extents, order, whole, inputs, outputs, kinds, free_limit, partitions,
+def _grid_region(sizes, strides, extents, order, whole, folded, inputs, outputs, kinds, free_limit, partitions,
                  programs) -> dict:
     """[lead..., rows, cols] in the dim order `order` (partitions.py): rows on partitions in tiles of
-    `partitions`, cols on the free dim in large chunks; with a `whole` dim (widen_rows) each tile's
-    free axis is that dim and the last one, both whole."""
-    lead = [d for d in order[:-2] if d != whole]
+    `partitions`, cols on the free dim in large chunks. With a `whole` dim (widen_rows) or `folded`
+    lead dims (fold_leads) each tile's free axis is the folded leads, that dim and the last one, all
+    whole ([rows, *free] views: permuted so rows come first, an operand's broadcast dims repeated)."""
+    lead = [d for d in order[:-2] if d != whole and d not in folded]
     row = order[-2]
+    free = folded + ([] if whole is None else [whole]) + [len(sizes) - 1]  # the tile's free axis, outermost first
     levels = [{"var": f"l{i}", "start": None,
                "variants": [{"count": sizes[d], "stride": None, "base": 0, "size": 1}]}
               for i, d in enumerate(lead)]
-    if whole is None:
+    if len(free) == 1:
         alone = not lead and sizes[row] <= partitions
         levels.append(_level("c", "c0", sizes[-1], _column_limit(sizes[-1], free_limit, programs, alone)))
     else:
         levels.append({"var": "c", "start": None, "variants": [{"count": None, "stride": None, "base": 0,
-                                                                "size": sizes[whole] * sizes[-1]}]})
+                                                                "size": math.prod(sizes[d] for d in free)}]})
     levels.append(_level("r", "r0", sizes[row], partitions))
     roles_of_dims = [""] * len(sizes)
     for i, d in enumerate(lead):
         roles_of_dims[d] = f"l{i}"
     roles_of_dims[row], roles_of_dims[-1] = "row", "col"
-    if whole is not None:  # slices written out whole ("0:n")
-        roles_of_dims[whole], roles_of_dims[-1] = f"0:{sizes[whole]}", f"0:{sizes[-1]}"
+    if len(free) > 1:  # slices written out whole ("0:n")
+        for d in free:
+            roles_of_dims[d] = f"0:{sizes[d]}"
+    tile_order = [row] + free
+    permute = tile_order + [d for d in range(len(sizes)) if d not in tile_order]
+    permute = None if permute == sorted(permute) else tuple(permute)
     n_lead = len(lead)
     views, loads = [], [[] for _ in range(len(levels) + 1)]
     for (name, inp), st, ext in zip(inputs, strides, extents):
@@ -184,19 +191,22 @@ def _grid_region(sizes, strides, extents, order, whole, inputs, outputs, kinds, 
             views.append(_view(view, name, ext))
         roles = [role if s != 0 else "one" for role, s in zip(roles_of_dims, st)]
         kind = kinds[inp.name]
+        load = _load(inp.name, view, roles, inp, kind)
         if kind in ("tile", "col"):
             depth = len(levels)
+            load["broadcasts"] = [(d, sizes[d]) for d in folded if st[d] == 0]
+            load["permute"] = permute
         elif kind == "row":
             depth = n_lead + 1
         else:
             depth = max((i + 1 for i, d in enumerate(lead) if st[d] != 0), default=0)
-        loads[depth].append(_load(inp.name, view, roles, inp, kind))
+        loads[depth].append(load)
     stores = []
     for name, out_shape in outputs:
         view = f"{name}_v" if tuple(out_shape) != tuple(sizes) else name
         if view != name:
             views.append(_view(view, name, sizes))
-        stores.append({"view": view, "roles": roles_of_dims})
+        stores.append({"view": view, "roles": roles_of_dims, "permute": permute})
     return {"views": views, "levels": levels, "loads": loads, "stores": stores,
             "partitions": levels[-1]["variants"][0]["size"], "iota": None}
 
@@ -236,7 +246,7 @@ def _flat_regions(numel, inputs, outputs, kinds, free_limit, partitions, program
                 if index == 0:
                     views.append(_view(view, name, (1, math.prod(inp.shape))))
                 loads[0].append(_load(inp.name, view, ["one", "one"], inp, kind))
-        stores = [{"view": flat_view(name, shape, f"{name}{suffix}_v"), "roles": ["row", "col"]}
+        stores = [{"view": flat_view(name, shape, f"{name}{suffix}_v"), "roles": ["row", "col"], "permute": None}
                   for name, shape in outputs]
         regions.append({"views": views, "levels": levels, "loads": loads, "stores": stores,
                         "partitions": rows, "iota": {"base": start, "channel_multiplier": cols if rows > 1 else 0}})

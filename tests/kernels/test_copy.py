@@ -11,6 +11,8 @@ import math
 import pytest
 import torch
 
+from neuron_inductor import sim
+from neuron_inductor.lowering.context import LoweringContext
 from neuron_inductor.lowering.ir import Unsupported
 from neuron_inductor.lowering.registry import LOWERINGS
 
@@ -166,3 +168,46 @@ def test_unsupported_cases_raise():
         lowered_copy(torch.zeros(4, 5), torch.randn(4, 5, dtype=torch.float64))
     with pytest.raises(Unsupported, match="DMAs"):  # every element of a 2-d flip is its own DMA
         lowered(lambda t: torch.flip(t, (0, 1)), torch.randn(300, 300), target=aten.flip.default)
+
+
+# HBM -> HBM boxes are not cut at the partition count (copy._walk): a slice, a permuted copy or a cat is
+# a DMA or two, shared by the LNC programs when large (copy._share_out); rows on and off 128, fp32, bf16
+# and int64, bit for bit.
+LNC1 = LoweringContext.for_target("trn2", lnc=1)
+
+
+def _dmas(fn, args, target, ctx) -> list:
+    with sim.trace() as trace:
+        results, expected, _ = run_lowered(fn, args, target, ctx=ctx)
+    for out, ref in zip(results, expected):
+        assert out.dtype == ref.dtype and torch.equal(out, ref)
+    return [i for i in trace.instructions if i.engine == "dma"]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rows", [256, 131])
+def test_hbm_copies_move_whole_boxes_shared_by_the_programs(rows, dtype):
+    x = make((4, rows, 64), dtype)
+    for fn in (lambda t: t[:, 1:].clone(), lambda t: t.transpose(0, 1).contiguous()):
+        assert len(_dmas(fn, [x], aten.clone.default, LNC1)) == 1
+        shared = _dmas(fn, [x], aten.clone.default, CTX)
+        assert len(shared) == 2 and {i.program_id for i in shared} == {(0,), (1,)}
+    # a cat of rows - 1 and 1 rows: the large piece is cut in two, the small one is one DMA
+    a, b = make((4, rows - 1, 64), dtype), make((4, 1, 64), dtype)
+    cat = lambda a, b: torch.cat([t * 1 if t.dtype.is_floating_point else t + 0 for t in (a, b)], 1)  # noqa: E731
+    assert len(_dmas(cat, [a, b], aten.cat.default, LNC1)) == 2
+    assert len(_dmas(cat, [a, b], aten.cat.default, CTX)) == 3
+
+
+def test_hbm_boxes_stay_within_an_access_patterns_sizes():
+    # 70000 rows: one box of 65535 (uint16 sizes) and the rest
+    boxes = _dmas(lambda t: t[1:].clone(), [torch.randn(70001, 2)], aten.clone.default, LNC1)
+    assert len(boxes) == 2 and max(max(o.shape) for i in boxes for o in i.operands) == 65535
+
+
+@pytest.mark.parametrize("rows", [8, 128])
+def test_a_box_of_at_most_128_rows_stays_one_programs_dma(rows):
+    # as before boxes grew past the partitions: one DMA, one program (copy replay, not operations)
+    spec = lowered(lambda t: t[1:].clone(), torch.randn(rows + 1, 2, 64), target=aten.clone.default)
+    assert spec.grid == 1
+    assert len(_dmas(lambda t: t[1:].clone(), [torch.randn(rows + 1, 2, 64)], aten.clone.default, CTX)) == 1

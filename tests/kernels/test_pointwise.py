@@ -20,7 +20,9 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 import neuron_inductor.sim as sim
 from neuron_inductor.lowering import pointwise
+from neuron_inductor.lowering.context import LoweringContext
 from neuron_inductor.sim import rules
+from neuron_inductor.tile_program.partitions import fold_leads
 
 from .harness import CTX, aten_graph, as_tuple, call_kernel, compiled_forward_backward, load_kernel, widen_int64
 
@@ -29,20 +31,20 @@ FP32_COMPOSED = dict(rtol=1e-4, atol=1e-5)
 BF16 = dict(rtol=2e-2, atol=2e-2)
 
 
-def lower(fn, *args):
-    """(kernel spec, graph) for the pointwise nodes of fn's ATen graph."""
+def lower(fn, *args, ctx=CTX):
+    """(kernel spec, graph) for the pointwise nodes of fn's ATen graph, tiled for `ctx`."""
     graph = aten_graph(fn, *args)
     nodes = [n for n in graph.graph.nodes if n.op == "call_function"]
     assert nodes and all(pointwise.is_pointwise(n) for n in nodes), [str(n.target) for n in nodes]
     result = next(n for n in graph.graph.nodes if n.op == "output").args[0]
     outputs = list(result) if isinstance(result, (list, tuple)) else [result]
-    return pointwise.lower_pointwise_group(CTX, nodes, outputs), graph
+    return pointwise.lower_pointwise_group(ctx, nodes, outputs), graph
 
 
-def run_kernel(fn, *args):
+def run_kernel(fn, *args, ctx=CTX):
     """Run fn's fused kernel in the interpreter; returns (outputs, trace)."""
-    spec, graph = lower(fn, *args)
-    kernel = load_kernel(spec)
+    spec, graph = lower(fn, *args, ctx=ctx)
+    kernel = load_kernel(spec, ctx=ctx)
     values = dict(zip([n for n in graph.graph.nodes if n.op == "placeholder"], args))
     with sim.trace() as trace:
         result = call_kernel(kernel, spec, [values[n] for n in spec.inputs])
@@ -54,8 +56,8 @@ def seeded():
     torch.manual_seed(0)
 
 
-def check(fn, *args, **tolerance):
-    results, trace = run_kernel(fn, *args)
+def check(fn, *args, ctx=CTX, **tolerance):
+    results, trace = run_kernel(fn, *args, ctx=ctx)
     expected = as_tuple(fn(*args))
     low_precision = any(a.dtype in (torch.bfloat16, torch.float16) for a in args)
     reference = as_tuple(fn(*[a.float() if a.dtype == torch.bfloat16 else a for a in args])) if low_precision \
@@ -556,9 +558,9 @@ def test_engine_balance_needs_a_column_bias_before_neuroncore_v3():
     assert moved["op"] == "activation" and moved["bias"]["imm"] == 1.0 and moved["scale"]["imm"] == 1.0
 
 
-def _free_size(fn, *args) -> int:
+def _free_size(fn, *args, ctx=CTX) -> int:
     """Elements per partition of the kernel's tiles (its column level's widest chunk)."""
-    spec, _ = lower(fn, *args)
+    spec, _ = lower(fn, *args, ctx=ctx)
     (region,) = spec.params["regions"]
     column_level = next(level for level in region["levels"] if level["var"] == "c")
     return max(v["size"] for v in column_level["variants"])
@@ -586,8 +588,64 @@ def test_broadcast_columns_keep_narrow_rows():
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_a_permuted_grid_with_a_chosen_row_dim_widens_too(dtype):
-    # [2, 4, 256, 64].transpose(1, 2): S (not the short H) on the partitions, then [S / 2, 2 * 64] tiles
+    # [2, 4, 256, 64].transpose(1, 2): S (not the short H) on the partitions, then [S / 2, 2 * 64] tiles,
+    # with H folded beside them (fold_leads; B stays a loop for the two LNC programs)
     x = randn(2, 4, 256, 64, dtype=dtype).transpose(1, 2)
     fn = lambda t: t.contiguous() * 2.0  # noqa: E731
-    assert _rows_of(fn, x) == 128 and _free_size(fn, x) == 128
+    assert _rows_of(fn, x) == 128 and _free_size(fn, x) == 4 * 2 * 64
     check(fn, x, **(FP32 if dtype == torch.float32 else BF16))
+
+
+# Lead dims taken onto the free axis (partitions.fold_leads): rotary's pieces on q seen through a transpose,
+# [B, H, S, D], times a broadcast [S, D] operand; S on and off 128 (after widen_rows' [S / 2, 2] split),
+# fp32 and bf16, two LNC programs (B stays the loop they share) and one (B folds too).
+LNC1 = LoweringContext.for_target("trn2", lnc=1)
+
+
+def _dmas(trace) -> int:
+    return sum(i.engine == "dma" for i in trace.instructions)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("seq", [256, 260], ids=str)
+def test_lead_dims_fold_onto_the_free_axis(seq, dtype):
+    q = randn(4, seq, 4, 16, dtype=dtype).transpose(1, 2)
+    cos, r = randn(seq, 16, dtype=dtype), randn(4, 4, seq, 16, dtype=dtype)
+    fn = lambda q, c, r: q * c + r  # noqa: E731
+    tolerance = FP32 if dtype == torch.float32 else BF16
+    row_tiles = -(-(seq // 2) // 128)
+    spec, _ = lower(fn, q, cos, r)
+    assert spec.grid == 2 and _free_size(fn, q, cos, r) == 4 * 2 * 16  # [S / 2, H * 2 * D] tiles
+    assert _dmas(check(fn, q, cos, r, **tolerance)) == 4 * row_tiles * 4  # per b and row tile: 3 loads, 1 store
+    assert _free_size(fn, q, cos, r, ctx=LNC1) == 4 * 4 * 2 * 16
+    assert _dmas(check(fn, q, cos, r, ctx=LNC1, **tolerance)) == row_tiles * 4
+    half = q[..., 8:]  # rotate_half's slice, negated
+    assert _dmas(check(lambda h: -h, half, ctx=LNC1, **tolerance)) == row_tiles * 2
+
+
+def test_a_scalar_operand_keeps_the_leads_it_steps_along():
+    # s[b] would vary along the free axis of a tile with B folded: B stays a loop, H folds
+    x, s, cos = randn(3, 256, 2, 16).transpose(1, 2), randn(3, 1, 1, 1), randn(256, 16)
+    fn = lambda x, s, c: x * s + c  # noqa: E731
+    check(fn, x, s, cos, ctx=LNC1, **FP32)
+    spec, _ = lower(fn, x, s, cos, ctx=LNC1)
+    (region,) = spec.params["regions"]
+    assert [level["variants"][0]["count"] for level in region["levels"] if level["var"].startswith("l")] == [3]
+    assert _free_size(fn, x, s, cos, ctx=LNC1) == 2 * 2 * 16
+
+
+def test_fold_leads_stops_at_four_free_dims_wide_tiles_shared_loops_and_broadcast_columns():
+    tile = [[2048, 1024, 512, 256, 2, 1]]
+    # [2, 2, 2, 2 | 128 rows | 2 cols]: three leads and the columns make four free dims
+    assert fold_leads([2, 2, 2, 2, 128, 2], tile, list(range(6)), None, ["tile"], 8192, 1) == [1, 2, 3]
+    # with a whole k dim (widen_rows) beside the columns, two leads
+    widened = [[4096, 2048, 1024, 512, 4, 2, 1]]
+    assert fold_leads([2, 2, 2, 2, 64, 2, 2], widened, [0, 1, 2, 3, 4, 6], 5, ["tile"], 8192, 1) == [2, 3]
+    # tiles stay within 512 columns (wider ones only lose the overlap of loads, compute and stores)
+    assert fold_leads([4, 128, 256], [[32768, 256, 1]], [0, 1, 2], None, ["tile"], 8192, 1) == []
+    assert fold_leads([2, 128, 256], [[32768, 256, 1]], [0, 1, 2], None, ["tile"], 8192, 1) == [0]
+    # two LNC programs keep the innermost loop that still has two iterations
+    assert fold_leads([4, 4, 128, 16], [[8192, 2048, 16, 1]], [0, 1, 2, 3], None, ["tile"], 8192, 2) == [1]
+    assert fold_leads([3, 128, 16], [[2048, 16, 1]], [0, 1, 2], None, ["tile"], 8192, 2) == []
+    # a row or column operand would need its tile repeated along the folded dims
+    assert fold_leads([4, 128, 16], [[2048, 16, 1]] * 2, [0, 1, 2], None, ["tile", "col"], 8192, 1) == []

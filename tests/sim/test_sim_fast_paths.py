@@ -101,6 +101,25 @@ def test_generated_kernels_same_outputs_and_trace_on_both_paths(dtype, monkeypat
     _same_outputs_and_trace(lambda: compiled(x, w, g), monkeypatch)
 
 
+def _rotary(q, cos, sin):
+    half = q.shape[-1] // 2
+    rotated = torch.cat([-q[..., half:], q[..., :half]], dim=-1)
+    return q * cos + rotated * sin
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("seq", [256, 130])
+def test_rotary_kernels_with_folded_lead_dims_same_outputs_and_trace_on_both_paths(dtype, seq, monkeypatch):
+    # q seen through a transpose, [B, H, S, D], times [S, D] tables: pointwise tiles with H on the free axis
+    torch._dynamo.reset()
+    gen = torch.Generator().manual_seed(seq)
+    q = torch.randn(2, seq, 4, 16, generator=gen).to(dtype).transpose(1, 2)
+    cos, sin = (torch.randn(seq, 16, generator=gen).to(dtype) for _ in range(2))
+    compiled = torch.compile(_rotary, backend="neuron")
+    compiled(q, cos, sin)
+    _same_outputs_and_trace(lambda: compiled(q, cos, sin), monkeypatch)
+
+
 def test_llama_training_step_same_loss_grads_and_trace_on_both_paths(monkeypatch):
     torch._dynamo.reset()
     torch.manual_seed(0)
@@ -410,6 +429,33 @@ def test_a_tile_loops_copies_replay_as_few_strided_copies_with_the_same_bits(dty
         assert torch.equal(_bits(out), _bits(ref_out))
     plans = [p for (f, _), p in sim_replay._PLANS.items() if f is _row_tiles]
     assert len(plans[-1].copies) == (rows + 127) // 128  # one copy per row block (the ragged one apart)
+
+
+def _permuted_plus_row(x):
+    """[H, S, D] read as [S, H * D] tiles through permuted and broadcast HBM views (pointwise fold_leads),
+    plus its own first head, written back through a permuted view."""
+    heads, seq, dim = x.shape
+    out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+    t = nl.ndarray((seq, heads * dim), dtype=x.dtype, buffer=nl.sbuf)
+    nisa.dma_copy(dst=t, src=x.permute((1, 0, 2)))
+    first = nl.ndarray((seq, heads * dim), dtype=x.dtype, buffer=nl.sbuf)
+    nisa.dma_copy(dst=first, src=x[0:1].broadcast(0, heads).permute((1, 0, 2)))
+    nisa.tensor_tensor(dst=t, data1=t, data2=first, op=nl.add)
+    nisa.dma_copy(dst=out.permute((1, 0, 2)), src=t)
+    return out
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_dmas_through_permuted_and_broadcast_views_copy_in_place_with_the_same_bits(dtype):
+    make = lambda call: torch.randn(4, 100, 8, generator=torch.Generator().manual_seed(call)).to(dtype)
+    runs = _runs(_permuted_plus_row, make)
+    for (out, arg, ops), (ref_out, _, ref_ops) in zip(runs[True], runs[False]):
+        assert ops == ref_ops and torch.equal(_bits(out), _bits(ref_out))
+        assert torch.equal(out, (arg.float() + arg[0:1].float()).to(dtype))
+    plan = [p for (f, _), p in sim_replay._PLANS.items() if f is _permuted_plus_row][-1]
+    # each DMA is one copy into the tile seen as the source's shape: no compact copy of the source first
+    replayed = {getattr(v, "__name__", "") for k, v in plan.function.__globals__.items() if k[0] == "f"}
+    assert "copy_" in replayed and not replayed & {"clone", "_unsafe_view", "reshape"}
 
 
 def _view(sizes, strides, offset, owner=("arg", 0)):
