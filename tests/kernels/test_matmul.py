@@ -117,6 +117,29 @@ def test_row_tile_groups_of_a_bmm_and_none_with_a_bias():
     assert spec.params["blocking"]["group"] == 1  # the bias is applied tile by tile
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("k", [1024, 1000, 130, 300])
+def test_k_major_tiles_load_together(k, dtype):
+    """Weight-gradient operands (X^T @ dY, both K-major): a panel's whole K tiles arrive in one DMA
+    through an access pattern over the base, K row kt * 128 + p on partition p of tile kt (the K
+    tiling and sums of the per-tile loads), the ragged tile on its own; with 1 whole tile, per tile."""
+    x, dy = randn(k, 64, dtype=dtype), randn(k, 176, dtype=dtype, seed=1)
+    spec = check(lambda x, dy: x.t() @ dy, x, dy)
+    assert (spec.params["a"]["load"], spec.params["b"]["load"]) == ("direct", "direct")
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_k_major_tiles_load_together_per_batch(dtype):
+    """The same over batched bases (each batch's access pattern starts at its first element): a 4-d
+    [2, 3, K, M]^T @ [2, 3, K, N], and [1, K, M]^T broadcast over [4, K, N] (always batch 0)."""
+    a, b = randn(2, 3, 300, 40, dtype=dtype), randn(2, 3, 300, 24, dtype=dtype, seed=1)
+    spec = check(lambda a, b: torch.matmul(a.transpose(-1, -2), b), a, b)
+    assert spec.params["a"]["load"] == "direct" and spec.params["b"]["batch_index"] == [(3, 2), (1, 3)]
+    a, b = randn(1, 300, 40, dtype=dtype), randn(4, 300, 24, dtype=dtype, seed=1)
+    spec = check(lambda a, b: torch.matmul(a.transpose(-1, -2), b), a, b)
+    assert spec.params["a"]["load"] == "direct" and spec.params["a"]["batch_index"] == [(1, 1)]
+
+
 def test_linear_weight_is_read_in_place():
     """linear's permute(W) is looked through: the kernel reads W itself as an "nk" operand."""
     gm, node = trace(lambda x, w: torch.nn.functional.linear(x, w), randn(4, 8), randn(6, 8))
