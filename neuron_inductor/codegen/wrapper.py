@@ -76,6 +76,7 @@ def render_wrapper(gm: fx.GraphModule, lowered: LoweredGraph, name: str = "run")
     for i, node in enumerate(placeholders):
         names[node] = f"arg{i}"
     lines: list[str] = []
+    step_lines: list[list[str]] = []
     constants: list[str] = []
     namespaces: set[str] = set()
     # int64 values computed by kernels are int32 tensors (NKI has no 64-bit integers): widen them
@@ -89,9 +90,13 @@ def render_wrapper(gm: fx.GraphModule, lowered: LoweredGraph, name: str = "run")
         names.setdefault(node, f"buf{len(names) - len(placeholders)}")
         return names[node]
 
+    made: list[set[str]] = []  # per step: the graph values (names) its lines make
+    read: list[set[str]] = []  # per step: the graph values its lines read
     for step in lowered.steps:
+        start, known = len(lines), set(names.values())
         if isinstance(step, KernelStep):
             spec = step.spec
+            read.append({names[node] for node in spec.inputs})
             arguments, write_backs = [], []
             for position, node in enumerate(spec.inputs):
                 argument = _kernel_argument(node, names[node], node in narrowed)
@@ -129,6 +134,7 @@ def render_wrapper(gm: fx.GraphModule, lowered: LoweredGraph, name: str = "run")
         else:
             assert isinstance(step, HostStep)
             node = step.node
+            read.append({names[n] for n in node.all_input_nodes})
             if step.kind == "constant":
                 constants.append(node.target)
                 lines.append(f"{value_name(node)} = constants[{node.target!r}]")
@@ -144,9 +150,35 @@ def render_wrapper(gm: fx.GraphModule, lowered: LoweredGraph, name: str = "run")
             else:
                 reason = " ".join(step.reason.split())
                 lines.append(f"{value_name(node)} = {_call_source(node, host_names(), namespaces)}  # fallback: {reason}")
+        step_lines.append(lines[start:])
+        made.append(set(names.values()) - known)
 
     output = next(n for n in gm.graph.nodes if n.op == "output")
     returns = _literal(list(output.args[0]), host_names(), namespaces)
+    lines = _freeing(step_lines, made, read, {names[n] for n in placeholders},
+                     {names[n] for n in output.all_input_nodes})
     source = environment().get_template("wrapper.py.j2").render(
         name=name, num_args=len(placeholders), lines=lines, returns=returns, namespaces=sorted(namespaces))
     return source, constants
+
+
+def _freeing(step_lines: list[list[str]], made: list[set[str]], read: list[set[str]], arguments: set[str],
+             returned: set[str]) -> list[str]:
+    """The steps' lines with each graph value dropped (`del`) after the last step making or reading
+    it, as Inductor's wrapper frees its buffers: the graph's peak memory is then what its live values
+    need, and buffers go back to the allocator one by one while later steps allocate theirs. Kept to
+    the return, they were freed all at once there, the C allocator handed the top of its heap back
+    to the OS, and the next graph (the backward) page-faulted it all in again. Returned values live on."""
+    last = dict.fromkeys(arguments, -1)
+    for index, names in enumerate(made):
+        last.update(dict.fromkeys(names | read[index], index))
+    dropped: dict[int, list[str]] = {}
+    for name, index in last.items():
+        if name not in returned:
+            dropped.setdefault(index, []).append(name)
+    lines = [f"del {', '.join(sorted(dropped[-1]))}"] if -1 in dropped else []
+    for index, step in enumerate(step_lines):
+        lines.extend(step)
+        if index in dropped:
+            lines.append(f"del {', '.join(sorted(dropped[index]))}")
+    return lines

@@ -7,8 +7,9 @@ out) becomes one copy with two more dims, and so on.
 
 The batched copy moves the same elements to the same places, so it gives the same bits, provided
 no copy of a run reads what another one writes and no two write the same element: each copy's
-source and destination are different tensors (a replay's arguments never share memory, outputs are
-fresh), and the batched destination must address each element once (checked from its strides).
+source and destination are different tensors (outputs are fresh, and a replay of arguments that
+share memory is kept only if it writes none of them), and the batched destination must address
+each element once (checked from its strides).
 
 A view here is (owner, sizes, strides, offset, whole), as sim/replay.py records them.
 """

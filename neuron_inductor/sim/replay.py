@@ -114,21 +114,20 @@ def note_output(t) -> None:
 
 
 def signature(args: tuple, kwargs: dict, grid, platform_target) -> tuple | None:
-    """What a replay must match (every argument's layout and dtype, the grid, inference mode (it changes
-    which operations torch dispatches, and its tensors are not written outside it), the target), or None
-    when the call is not replayed (keyword or non-tensor arguments, arguments sharing memory)."""
+    """What a replay must match (every argument's layout, dtype and which of the call's storages it is
+    on, the grid, inference mode (it changes which operations torch dispatches, and its tensors are
+    not written outside it), the target), or None when the call is not replayed (keyword or non-tensor
+    arguments). Arguments sharing memory (`cat([x, x])` passes x twice) replay only if the kernel
+    writes none of its arguments (`run`)."""
     if kwargs:
         return None
-    parts, storages = [], set()
+    parts, storages = [], {}
     grad = torch.is_grad_enabled()
     for a in args:
         if type(a) not in _TENSOR_TYPES or (a.requires_grad and grad) or a.is_meta:
             return None
-        ptr = a.untyped_storage().data_ptr()
-        if ptr in storages:
-            return None
-        storages.add(ptr)
-        parts.append((tuple(a.shape), a.stride(), a.storage_offset(), a.dtype))
+        storage = storages.setdefault(a.untyped_storage().data_ptr(), len(storages))
+        parts.append((tuple(a.shape), a.stride(), a.storage_offset(), a.dtype, storage))
     return (tuple(parts), grid, torch.is_inference_mode_enabled(), get_target(platform_target).name, os.environ.get(dtypes.FP32_STORAGE_ENV, ""),
             os.environ.get(rules.STRICT_ENV, ""))
 
@@ -263,5 +262,15 @@ def run(func, args: tuple, kwargs: dict, grid, platform_target, launch, unwrap):
         _RECORDER = None
     if len(_PLANS) < _MAX_PLANS:
         plan = plan_for(recording, result, recorded.instructions)
-        _PLANS[key] = plan if plan is not None else op_replay.plan_for(operations, out, recorded.instructions)
+        if plan is None:
+            plan = op_replay.plan_for(operations, out, recorded.instructions)
+        if plan is not None and plan.written_args and _shares_memory(key[1]):
+            plan = None  # the plans take a write through one argument for no change to another
+        _PLANS[key] = plan
     return out
+
+
+def _shares_memory(key: tuple) -> bool:
+    """Whether two arguments of a call with signature `key` are on one storage."""
+    storages = [part[4] for part in key[0]]
+    return len(set(storages)) < len(storages)

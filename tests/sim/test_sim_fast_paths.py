@@ -297,6 +297,79 @@ def test_a_replay_advances_the_version_of_the_arguments_it_writes_as_the_slow_pa
             saved.sum().backward()
 
 
+def _concat(x, y):
+    """out = [x | y] along columns by copies only, as cat([x, x]) passes one tensor twice."""
+    out = nl.ndarray((x.shape[0], x.shape[1] + y.shape[1]), dtype=x.dtype, buffer=nl.shared_hbm)
+    nisa.dma_copy(dst=out[:, 0:x.shape[1]], src=x)
+    nisa.dma_copy(dst=out[:, x.shape[1]:x.shape[1] + y.shape[1]], src=y)
+    return out
+
+
+def _scaled_sum(x, y):
+    """out = 3x + y: compute instructions, so replayed as operations."""
+    a = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.sbuf)
+    b = nl.ndarray(y.shape, dtype=y.dtype, buffer=nl.sbuf)
+    nisa.dma_copy(dst=a, src=x)
+    nisa.dma_copy(dst=b, src=y)
+    nisa.tensor_scalar(dst=a, data=a, op0=nl.multiply, operand0=3.0)
+    nisa.tensor_tensor(dst=a, data1=a, data2=b, op=nl.add)
+    out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+    nisa.dma_copy(dst=out, src=a)
+    return out
+
+
+def _add_into(x, y):
+    """x += y, written through x: when y is x (or overlaps it) a replay would have to see that write."""
+    for i in nl.sequential_range(x.shape[0]):
+        a = nl.ndarray((1, x.shape[1]), dtype=x.dtype, buffer=nl.sbuf)
+        b = nl.ndarray((1, x.shape[1]), dtype=x.dtype, buffer=nl.sbuf)
+        nisa.dma_copy(dst=a, src=x[i:i + 1, :])
+        nisa.dma_copy(dst=b, src=y[i:i + 1, :])
+        nisa.tensor_tensor(dst=a, data1=a, data2=b, op=nl.add)
+        nisa.dma_copy(dst=x[i:i + 1, :], src=a)
+    return x
+
+
+def _shared(base: torch.Tensor, layout: str) -> tuple:
+    """Two arguments on one storage: the tensor twice, or two overlapping views of it."""
+    return (base, base) if layout == "same" else (base[0:4], base[2:6])
+
+
+@pytest.mark.parametrize("layout", ["same", "overlapping"])
+@pytest.mark.parametrize("func, plan_type", [(_concat, sim_replay.Plan), (_scaled_sum, op_replay.Plan)])
+def test_arguments_sharing_memory_replay_when_the_kernel_only_reads_them(func, plan_type, layout):
+    sim_replay._PLANS.clear()
+    found = {}
+    for replay in (True, False):
+        kernel = sim.Kernel(func, replay=replay)
+        found[replay] = [_traced(lambda: kernel(*_shared(torch.randn(6, 8, generator=torch.Generator().manual_seed(call)),
+                                                         layout))) for call in range(3)]
+    for (out, ops), (ref_out, ref_ops) in zip(found[True], found[False]):
+        assert ops == ref_ops and torch.equal(_bits(out), _bits(ref_out))
+    assert [type(p) for (f, _), p in sim_replay._PLANS.items() if f is func] == [plan_type]
+    # the same call on separate tensors is another signature, with a plan of its own
+    x, y = torch.randn(4, 8), torch.randn(4, 8)
+    sim.Kernel(func, replay=True)(x, y)
+    assert len([p for (f, _), p in sim_replay._PLANS.items() if f is func]) == 2
+
+
+@pytest.mark.parametrize("layout", ["same", "overlapping"])
+def test_a_kernel_writing_an_argument_that_shares_memory_runs_the_slow_path(layout):
+    """x += x through x and y = x: each row's y read sees the x write before it only on the slow path
+    (for overlapping views, rows 2-3 of x are rows 0-1 of y); no plan is kept for that signature."""
+    sim_replay._PLANS.clear()
+    kernel = sim.Kernel(_add_into, replay=True)
+    for call in range(3):
+        base = torch.randn(6, 8, generator=torch.Generator().manual_seed(call))
+        expected = base.clone()
+        x, y = _shared(expected, layout)
+        for i in range(x.shape[0]):
+            x[i] += y[i]
+        kernel(*_shared(base, layout))
+        assert torch.equal(base, expected)
+    assert [p for (f, _), p in sim_replay._PLANS.items() if f is _add_into] == [None]
+
+
 @pytest.mark.parametrize("spent", [0, op_replay.PERSISTENT_TOTAL_BYTES])
 def test_kept_tiles_stay_within_the_process_budget(spent, monkeypatch):
     """Plans keep their on-chip tiles between calls only while the process-wide budget lasts; past it a plan
