@@ -63,9 +63,9 @@ SBUF_RESERVE = 80 * KIB
 MAX_BLOCK_M = 1024
 # PSUM accumulators live at once in "stream" mode (of 8 banks): the rest double-buffer and transpose.
 STREAM_PSUM_BANKS = 4
-# Row tiles per group ("panel" mode, A flipped on TensorE, no bias): a group's rows reach SBUF in one
-# DMA and leave it in one, and its PSUM accumulators share one bank ([128, group, N], N <= 512 / group
-# fp32). Bounded by the row-staging tile ([128, group, K]) kept within this many bytes per partition.
+# Row tiles per group ("panel" mode, no bias): a group's PSUM accumulators share one bank ([128,
+# group, N], N <= 512 / group fp32) and its rows leave SBUF in one DMA (and, A flipped on TensorE,
+# reach it in one: the row-staging tile [128, group, K] is kept within this many bytes per partition).
 MAX_GROUP = 8
 GROUP_STAGE_BYTES = 16 * KIB
 
@@ -198,10 +198,10 @@ def operand_load(k_major: bool, itemsize: int) -> str:
 
 
 def plan_blocking(ctx: LoweringContext, m: int, n: int, k: int, itemsize: int, staged: bool,
-                  groupable: bool = False) -> dict:
+                  groupable: bool = False, staged_a: bool = False) -> dict:
     """Tile blocking within the target's SBUF budget (`staged`: some operand is flipped on TensorE
-    and needs a row-staging tile; `groupable`: A is, and the result leaves PSUM as it is, so "panel"
-    mode may group row tiles, see MAX_GROUP). Tiles are [tile_k = partitions, tile_m =
+    and needs a row-staging tile, `staged_a`: A is; `groupable`: the result leaves PSUM as it is, so
+    "panel" mode may group row tiles, see MAX_GROUP). Tiles are [tile_k = partitions, tile_m =
     stationary_fmax] and tile_n = moving_fmax columns.
 
     "panel": an A^T panel of `block_m` rows over the whole K stays resident while B panels of
@@ -214,9 +214,10 @@ def plan_blocking(ctx: LoweringContext, m: int, n: int, k: int, itemsize: int, s
     budget = ctx.sbuf_budget(SBUF_RESERVE)
     k_tiles = math.ceil(k / tile_k)
     m_padded = math.ceil(m / tile_m) * tile_m
-    group = (min(MAX_GROUP, ctx.tile.psum_fmax // n, GROUP_STAGE_BYTES // (k * itemsize))
-             if groupable and tile_m == tile_k else 1)
-    stage = max(2 * k_tiles * tile_k, group * k) * itemsize if staged else 0
+    group = 1
+    if groupable and tile_m == tile_k:
+        group = min(MAX_GROUP, ctx.tile.psum_fmax // n, GROUP_STAGE_BYTES // (k * itemsize) if staged_a else MAX_GROUP)
+    stage = max(2 * k_tiles * tile_k, group * k if staged_a else 0) * itemsize if staged else 0
     b_panels = 2 * k_tiles * tile_n * itemsize
     rows_fit = max(0, budget - b_panels - stage) // (k_tiles * itemsize)
     block_m = min(MAX_BLOCK_M, rows_fit // tile_m * tile_m, m_padded)
@@ -267,7 +268,7 @@ def _matmul_spec(ctx: LoweringContext, node: fx.Node, a: fx.Node, b: fx.Node, bi
         "bias": None,
         "epilogue": None,
         "blocking": plan_blocking(ctx, m, n, k, itemsize, "pe_transpose" in (a_load, b_load),
-                                  groupable=a_load == "pe_transpose" and bias is None),
+                                  groupable=bias is None, staged_a=a_load == "pe_transpose"),
     }
     block_m = params["blocking"]["block_m"]
     params["split"] = plan_split(ctx, {"batch": batch, "m": math.ceil(m / block_m),

@@ -100,19 +100,21 @@ def test_mm_layouts(layout, shape, dtype):
 @pytest.mark.parametrize("shape, group", [((1024, 64, 64), 8), ((1000, 176, 64), 8), ((1300, 32, 176), 2),
                                           ((512, 64, 256), 2), ((384, 130, 100), 3)],
                          ids=lambda s: "x".join(map(str, s)) if isinstance(s, tuple) else str(s))
-@pytest.mark.parametrize("layout", ["mk,kn", "mk,nk"])
+@pytest.mark.parametrize("layout", ["mk,kn", "mk,nk", "km,kn"])
 def test_row_tile_groups(layout, shape, group, dtype):
-    """fp32 A flipped on TensorE: `group` row tiles share one load, one PSUM bank and one store
-    (a group's partition p holds rows p * group + t); full groups, a ragged one (1000 = 7 x 128 + 104
-    rows), a second row block ending in one (1300 = 1024 + 276), K on and off the tile."""
+    """`group` row tiles share one PSUM bank and one store; fp32 A flipped on TensorE ("mk") also one
+    load (a group's partition p holds rows p * group + t), otherwise (a DMA transpose, "km") row tile
+    t is rows t * 128 + p. Full groups, a ragged one (1000 = 7 x 128 + 104 rows), a second row block
+    ending in one (1300 = 1024 + 276), K on and off the tile."""
     fn, a_shape, b_shape = _layouts(*shape)[layout]
     spec = check(fn, randn(*a_shape, dtype=dtype), randn(*b_shape, dtype=dtype, seed=1))
-    assert spec.params["blocking"]["group"] == (group if dtype == torch.float32 else 1)  # bf16: a DMA transpose
+    assert spec.params["blocking"]["group"] == group
 
 
 def test_row_tile_groups_of_a_bmm_and_none_with_a_bias():
-    spec = check(lambda a, b: torch.bmm(a, b), randn(3, 512, 48), randn(3, 48, 64, seed=1))
-    assert spec.params["blocking"]["group"] == 4
+    for dtype in DTYPES:
+        spec = check(lambda a, b: torch.bmm(a, b), randn(3, 512, 48, dtype=dtype), randn(3, 48, 64, dtype=dtype, seed=1))
+        assert spec.params["blocking"]["group"] == 4
     spec = check(lambda c, a, b: torch.addmm(c, a, b), randn(64), randn(512, 48), randn(48, 64, seed=1))
     assert spec.params["blocking"]["group"] == 1  # the bias is applied tile by tile
 
