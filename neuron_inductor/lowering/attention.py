@@ -45,6 +45,10 @@ KV_BLOCK_BANKS = {2: 4, 4: 2}
 # set (forward with a mask: ~24 KiB of score / P / P^T tiles, live twice while a loop iteration
 # allocates the next ones): 144 KiB of trn2's 208 KiB.
 SBUF_RESERVE = 64 * KIB
+# Query tiles (key chunks) whose rows a kernel stages and moves together (one DMA / instruction each
+# instead of one per tile): up to 8, within 4 KiB per partition of staging tiles.
+GROUP_TILES = 8
+GROUP_BYTES = 4 * KIB
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
@@ -124,22 +128,50 @@ def _check_sbuf(ctx: LoweringContext, what: str, nbytes: int) -> None:
                           f"(budget {budget // KIB} KiB on {ctx.target.name}); sequence too long for this kernel")
 
 
-def _forward_sbuf_bytes(shapes: dict, itemsize: int, mask: dict | None) -> int:
-    """K^T [D, Sk], V as [P, Sk/P, D], Q^T [D, Sq]; a row-broadcast mask as [P, Sk] fp32."""
+def _group(tiles: int, bytes_per_tile: int) -> int:
+    """Tiles per group: at most GROUP_TILES, `tiles` and GROUP_BYTES of staging per partition, at least 1."""
+    return max(1, min(GROUP_TILES, tiles, GROUP_BYTES // bytes_per_tile))
+
+
+def _out_tiles(shapes: dict, itemsize: int, split: dict | None) -> int:
+    """Query tiles per output group of the forward (out rows, l, bias, lse, valid columns): one when the
+    query tiles are dealt out over LNC programs (a program's tiles are not adjacent)."""
+    if split is not None and split["loop"] == "q_tiles":
+        return 1
+    return _group(-(-shapes["q_len"] // shapes["q_tile"]), shapes["head_dim"] * itemsize + 4 * 4)
+
+
+def _forward_sbuf_bytes(shapes: dict, itemsize: int, mask: dict | None, out_tiles: int) -> int:
+    """K^T [D, Sk], V as [P, Sk/P, D], Q^T [D, Sq]; a row-broadcast mask as [P, Sk] fp32; an output
+    group's rows [P, out_tiles, D] and its fp32 columns (l, bias, lse, valid)."""
     kv_len, chunks = shapes["kv_len"], -(-shapes["kv_len"] // shapes["kv_chunk"])
     resident = (kv_len + shapes["q_len"]) * itemsize + chunks * shapes["head_dim"] * itemsize
+    resident += out_tiles * (shapes["head_dim"] * itemsize + 4 * 4)
     if mask and mask["broadcast_rows"]:
         resident += kv_len * 4
     return resident
 
 
+def _row_tiles(shapes: dict, itemsize: int) -> tuple[int, int]:
+    """Whole query tiles whose Q / dO / O rows, lse and dQ the backward moves together (staging O, fp32
+    dO * O, lse, dQ), and whole key chunks whose dK / dV it writes together (staging dK, dV); a partial
+    last tile moves alone."""
+    d = shapes["head_dim"]
+    return (_group(shapes["q_len"] // shapes["q_tile"], d * (2 * itemsize + 4) + 4),
+            _group(shapes["kv_len"] // shapes["kv_chunk"], 2 * d * itemsize))
+
+
 def _backward_sbuf_bytes(shapes: dict, itemsize: int, mask: dict | None) -> int:
-    """Per kv head: K^T, V^T, K and fp32 dK / dV sums; per query head: Q^T, dO^T, Q, dO, fp32 dQ sums."""
+    """Per kv head: K^T, V^T, K and fp32 dK / dV sums, a chunk group's dK / dV staging; per query head:
+    Q^T, dO^T, Q, dO, fp32 dQ sums, a row group's O rows, fp32 dO * O, lse and dQ staging."""
     d = shapes["head_dim"]
     q_len, kv_len = shapes["q_len"], shapes["kv_len"]
     q_chunks, kv_chunks = -(-q_len // shapes["q_tile"]), -(-kv_len // shapes["kv_chunk"])
     per_kv_head = 2 * kv_len * itemsize + kv_chunks * d * (itemsize + 8)
     per_q_head = 2 * q_len * itemsize + q_chunks * d * (2 * itemsize + 4) + q_chunks * 8
+    row_tiles, kv_row_tiles = _row_tiles(shapes, itemsize)
+    per_q_head += row_tiles * (d * (2 * itemsize + 4) + 4)
+    per_kv_head += kv_row_tiles * d * 2 * itemsize
     if mask and mask["broadcast_rows"]:
         per_kv_head += kv_len * 4
     return per_kv_head + per_q_head
@@ -149,15 +181,16 @@ def _backward_sbuf_bytes(shapes: dict, itemsize: int, mask: dict | None) -> int:
 def lower_sdpa_forward(ctx: LoweringContext, node: fx.Node) -> KernelSpec:
     args, shapes, mask, causal = _node_params(ctx, node)
     itemsize = val(args["query"]).element_size()
-    _check_sbuf(ctx, "attention forward", _forward_sbuf_bytes(shapes, itemsize, mask))
     inputs = [args["query"], args["key"], args["value"]] + ([args["attn_mask"]] if mask else [])
     # out and lse rows of one (batch, head, query tile) are written by that iteration alone
     split = plan_split(ctx, {"batch": shapes["batch"], "kv_heads": shapes["kv_heads"], "group": shapes["group"],
                              "q_tiles": math.ceil(shapes["q_len"] / shapes["q_tile"])})
+    out_tiles = _out_tiles(shapes, itemsize, split)
+    _check_sbuf(ctx, "attention forward", _forward_sbuf_bytes(shapes, itemsize, mask, out_tiles))
     return KernelSpec(
         family="attention_fwd",
         params=dict(shapes, causal=causal, mask=mask, kv_block=KV_BLOCK_BANKS[min(itemsize, 4)] * ctx.tile.psum_fmax,
-                    split=split),
+                    split=split, out_tiles=out_tiles),
         inputs=inputs,
         outputs=result_values(node),
         flops=2 * _score_flops(shapes, causal),  # QK^T and PV
@@ -183,7 +216,8 @@ def lower_sdpa_backward(ctx: LoweringContext, node: fx.Node) -> KernelSpec:
     split = plan_split(ctx, {"batch": shapes["batch"], "kv_heads": shapes["kv_heads"]})
     return KernelSpec(
         family="attention_bwd",
-        params=dict(shapes, causal=causal, mask=mask, split=split),
+        params=dict(shapes, causal=causal, mask=mask, split=split,
+                    **dict(zip(("row_tiles", "kv_row_tiles"), _row_tiles(shapes, itemsize)))),
         inputs=inputs,
         outputs=result_values(node),
         flops=5 * _score_flops(shapes, causal),  # QK^T, dO V^T, P^T dO, dS^T Q, dS K

@@ -207,6 +207,11 @@ CASES = [
     Case(q_len=100, kv_len=100, q_heads=4, kv_heads=2, causal=True, gqa="repeat"),
     Case(q_len=100, kv_len=140, head_dim=64, scale=0.3),
     Case(q_len=200, kv_len=200, head_dim=64, causal=True, scale=2.0),
+    # out / lse (forward) and Q / dO / O / lse (backward) move 8 whole query tiles at a time: 9 tiles and
+    # a partial one (a fully masked row in the first group); query tiles dealt over LNC programs with a
+    # partial last tile (one tile per output group)
+    Case(batch=2, q_heads=1, kv_heads=1, q_len=1100, kv_len=160, mask="bool"),
+    Case(q_len=300, kv_len=300, q_heads=1, kv_heads=1, causal=True),
 ]
 BF16_CASES = [
     Case(q_len=200, kv_len=200, head_dim=64, causal=True, dtype=torch.bfloat16),
@@ -274,6 +279,22 @@ def test_causal_diagonal_is_masked_without_matmuls_on_trn2(dtype):
     trn1 = LoweringContext.for_target("trn1")
     source = render_kernel(_named(LOWERINGS[FORWARD](trn1, _forward_node(case))), trn1)
     assert "identity" in source and "range_select" not in source
+
+
+def test_query_tile_rows_move_in_groups_of_eight():
+    """1157 query rows are 9 whole tiles and 5 rows: per head the forward writes out and lse for tiles
+    0-7, tile 8 and the partial tile (3 DMAs each), not one pair per tile; the backward loads and sums
+    -Delta = -rowsum(dO * O) in the same three groups (one tensor_reduce each). Values: CASES."""
+    case = Case(q_len=1157, kv_len=1157, q_heads=2, kv_heads=1, causal=True, gqa="enable_gqa")
+    graphs = capture_graphs(attention(case), make_inputs(case), torch.randn(1, 2, 1157, 16))
+    traces = {}
+    for kind, target in (("fw", FORWARD), ("bw", BACKWARD)):
+        with sim.trace() as traces[kind]:
+            run_kernel(*graphs[kind], target)
+    hbm_writes = [ins for ins in traces["fw"].instructions if ins.engine == "dma" and ins.operands[0].buffer.endswith("hbm")]
+    assert len(hbm_writes) == 2 * 3 * case.q_heads
+    delta_sums = [ins for ins in traces["bw"].instructions if ins.op == "tensor_reduce"]
+    assert len(delta_sums) == 3 * case.q_heads
 
 
 def _named(spec):
