@@ -63,6 +63,11 @@ SBUF_RESERVE = 80 * KIB
 MAX_BLOCK_M = 1024
 # PSUM accumulators live at once in "stream" mode (of 8 banks): the rest double-buffer and transpose.
 STREAM_PSUM_BANKS = 4
+# Row tiles per group ("panel" mode, no bias): a group's PSUM accumulators share one bank ([128,
+# group, N], N <= 512 / group fp32) and its rows leave SBUF in one DMA (and, A flipped on TensorE,
+# reach it in one: the row-staging tile [128, group, K] is kept within this many bytes per partition).
+MAX_GROUP = 8
+GROUP_STAGE_BYTES = 16 * KIB
 
 SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
@@ -192,10 +197,12 @@ def operand_load(k_major: bool, itemsize: int) -> str:
     return "dma_transpose" if itemsize == 2 else "pe_transpose"
 
 
-def plan_blocking(ctx: LoweringContext, m: int, n: int, k: int, itemsize: int, staged: bool) -> dict:
+def plan_blocking(ctx: LoweringContext, m: int, n: int, k: int, itemsize: int, staged: bool,
+                  groupable: bool = False, staged_a: bool = False) -> dict:
     """Tile blocking within the target's SBUF budget (`staged`: some operand is flipped on TensorE
-    and needs a row-staging tile). Tiles are [tile_k = partitions, tile_m = stationary_fmax] and
-    tile_n = moving_fmax columns.
+    and needs a row-staging tile, `staged_a`: A is; `groupable`: the result leaves PSUM as it is, so
+    "panel" mode may group row tiles, see MAX_GROUP). Tiles are [tile_k = partitions, tile_m =
+    stationary_fmax] and tile_n = moving_fmax columns.
 
     "panel": an A^T panel of `block_m` rows over the whole K stays resident while B panels of
     [K, tile_n] stream past it (double-buffered); each B panel is reused by every m-tile of the
@@ -207,15 +214,19 @@ def plan_blocking(ctx: LoweringContext, m: int, n: int, k: int, itemsize: int, s
     budget = ctx.sbuf_budget(SBUF_RESERVE)
     k_tiles = math.ceil(k / tile_k)
     m_padded = math.ceil(m / tile_m) * tile_m
-    stage = 2 * k_tiles * tile_k * itemsize if staged else 0
+    group = 1
+    if groupable and tile_m == tile_k:
+        group = min(MAX_GROUP, ctx.tile.psum_fmax // n, GROUP_STAGE_BYTES // (k * itemsize) if staged_a else MAX_GROUP)
+    stage = max(2 * k_tiles * tile_k, group * k if staged_a else 0) * itemsize if staged else 0
     b_panels = 2 * k_tiles * tile_n * itemsize
     rows_fit = max(0, budget - b_panels - stage) // (k_tiles * itemsize)
     block_m = min(MAX_BLOCK_M, rows_fit // tile_m * tile_m, m_padded)
     if block_m >= tile_m:
-        return {"mode": "panel", "block_m": block_m, "k_chunk": k_tiles}
+        group = min(group, block_m // tile_m)
+        return {"mode": "panel", "block_m": block_m, "k_chunk": k_tiles, "group": group if group > 1 else 1}
     block_m = min(STREAM_PSUM_BANKS * tile_m, m_padded)
     per_k_tile = 2 * (block_m + tile_n + (tile_k if staged else 0)) * itemsize
-    return {"mode": "stream", "block_m": block_m, "k_chunk": max(1, budget // per_k_tile)}
+    return {"mode": "stream", "block_m": block_m, "k_chunk": max(1, budget // per_k_tile), "group": 1}
 
 
 # --- Bias ----------------------------------------------------------------------------------------
@@ -256,7 +267,8 @@ def _matmul_spec(ctx: LoweringContext, node: fx.Node, a: fx.Node, b: fx.Node, bi
         "b": {"layout": "nk" if b_op.swapped else "kn", "load": b_load, "batch_index": b_op.batch_index},
         "bias": None,
         "epilogue": None,
-        "blocking": plan_blocking(ctx, m, n, k, itemsize, "pe_transpose" in (a_load, b_load)),
+        "blocking": plan_blocking(ctx, m, n, k, itemsize, "pe_transpose" in (a_load, b_load),
+                                  groupable=bias is None, staged_a=a_load == "pe_transpose"),
     }
     block_m = params["blocking"]["block_m"]
     params["split"] = plan_split(ctx, {"batch": batch, "m": math.ceil(m / block_m),
@@ -307,6 +319,7 @@ def lower_matmul_with_epilogue(ctx: LoweringContext, mm_node: fx.Node, epilogue_
     if mm_node.target not in _MATMUL_LOWERINGS:
         raise Unsupported(f"{mm_node.target} is not a matmul this family lowers")
     spec = _MATMUL_LOWERINGS[mm_node.target](ctx, mm_node)
+    spec.params["blocking"]["group"] = 1  # the epilogue works tile by tile
     out_shape = tuple(val(mm_node).shape)
     for node in epilogue_nodes:
         if not same_up_to_units(val(node).shape, out_shape):

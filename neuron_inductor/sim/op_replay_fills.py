@@ -19,6 +19,7 @@ from itertools import islice
 import torch
 
 from .copy_batching import each_element_once
+from .op_replay_refs import arguments, ref_names, written_positions
 
 _FILLS = {"aten::fill_", "aten::zero_"}
 _OVERWRITES = {"aten::copy_", "aten::fill_", "aten::zero_"}
@@ -93,7 +94,9 @@ def _extent(sizes, strides, offset):
 def _overwritten_before_read(later, storage: _Storage, key: int, filled: str, private: bool) -> bool:
     """Whether the operations `later` overwrite every element of the `filled` name (of the storage
     `key`) before reading one (a `private` storage's elements may also stay unread to the end); a
-    read through a layout not known here, or reaching past the storage, counts as reading them all."""
+    read through a layout not known here, or reaching past the storage, counts as reading them all.
+    An in-place operation that is no overwrite (`addmm_`) reads what it writes, so its written elements
+    were checked as read and stay as they were; an out= argument is written whole, never read."""
     if storage.pending is None:
         return False
     elements = storage.elements(filled)
@@ -106,28 +109,40 @@ def _overwritten_before_read(later, storage: _Storage, key: int, filled: str, pr
         if key in op.out_keys and key not in op.in_keys:  # freed and made anew: the fill's values are gone
             return True
         overwrite = op.func._schema.name in _OVERWRITES
+        outs = _out_names(op)
         for position, (name, read_key) in enumerate(zip(op.reads, op.in_keys)):
-            if read_key != key or (overwrite and position == 0):
+            if read_key != key or (overwrite and position == 0) or name in outs:
                 continue
             read = storage.elements(name)
             if read is None or int(read.count_nonzero()):
                 return False
             budget -= read.numel()
         if key in op.writes:
-            if not overwrite:
-                return False  # written by an operation that may read what it writes (out=, in place)
-            written = storage.elements(op.reads[0])
-            if written is None:
-                return False
-            if each_element_once(tuple(written.shape), written.stride()):
-                remaining -= int(written.count_nonzero())
-                written.fill_(False)
-            else:  # (a fill through a view with repeated elements: counted on the storage)
-                written.fill_(False)
-                remaining = int(storage.pending.count_nonzero())
+            targets = [op.reads[0]] if overwrite else [n for n, k in zip(op.reads, op.in_keys) if k == key and n in outs]
+            for target in targets:
+                written = storage.elements(target)
+                if written is None:
+                    return False
+                if each_element_once(tuple(written.shape), written.stride()):
+                    remaining -= int(written.count_nonzero())
+                    written.fill_(False)
+                else:  # (a fill through a view with repeated elements: counted on the storage)
+                    written.fill_(False)
+                    remaining = int(storage.pending.count_nonzero())
+                budget -= written.numel()
             if remaining == 0:
                 return True
-            budget -= written.numel()
         if budget < 0:
             return False  # too costly to follow: the fill is kept
     return private
+
+
+def _out_names(op) -> set:
+    """The names `op` writes through out= arguments (keyword-only, written) and reads nowhere else."""
+    positions = written_positions(op)
+    if not positions:
+        return set()
+    outs, inputs = set(), set()
+    for position, value in arguments(op):
+        (outs if isinstance(position, str) and position in positions else inputs).update(ref_names(value))
+    return outs - inputs

@@ -309,7 +309,8 @@ def _without_dead_copies(calls: list, regions: _Regions, visible: set, exact_bin
     kept = []
     for index in range(len(calls) - 1, -1, -1):
         call = calls[index]
-        overwritten = _overwritten(call, regions, fused)
+        writes_out = _writes_out(call, regions, fused)
+        overwritten = _overwritten(call, regions, writes_out)
         if call.func is _COPY and overwritten is not None and call.guard is None:
             if unread(overwritten):
                 continue  # nothing reads what it wrote
@@ -320,7 +321,7 @@ def _without_dead_copies(calls: list, regions: _Regions, visible: set, exact_bin
                 continue
         if overwritten is not None and overwritten.key is not None:
             needed.get(overwritten.group, {}).pop(overwritten.key, None)
-        skip = "out" if call in fused else 0
+        skip = "out" if writes_out else 0
         for position, value in arguments(call):
             if position == skip and overwritten is not None:
                 continue
@@ -347,9 +348,29 @@ def _retargeted(producer, call, regions: _Regions, fused: set, unread):
     return type(call)(producer.func, producer.args, {**producer.kwargs, "out": dst}, None, ())
 
 
-def _overwritten(call, regions: _Regions, fused: set) -> Region | None:
-    """The region a copy, fill or out= line made here overwrites whole without reading it, or None."""
+def _overwritten(call, regions: _Regions, writes_out: bool) -> Region | None:
+    """The region a copy, fill or out= line overwrites whole without reading it, or None."""
     if call.guard is not None:
         return None
-    value = call.kwargs["out"] if call in fused else call.args[0] if call.func in _OVERWRITES and call.args else None
+    value = call.kwargs["out"] if writes_out else call.args[0] if call.func in _OVERWRITES and call.args else None
     return regions.of(value.name) if isinstance(value, Ref) else None
+
+
+def _writes_out(call, regions: _Regions, fused: set) -> bool:
+    """Whether `call` writes its out= argument whole without reading it: an out= line made here, or a
+    recorded one (the interpreter's matmul into its PSUM bank: an out overload never reads `out`) none
+    of whose inputs shares bytes with it."""
+    if call in fused:
+        return True
+    out = call.kwargs.get("out")
+    if not isinstance(out, Ref) or "out" not in written_positions(call):
+        return False
+    d = regions.of(out.name)
+    if d is None or d.key is None:
+        return False
+    inputs = {k: v for k, v in call.kwargs.items() if k != "out"}
+    for name in ref_names((call.args, inputs)):
+        r = regions.of(name)
+        if r is None and name[0] != "c" or r is not None and _overlap(r, d):
+            return False
+    return True

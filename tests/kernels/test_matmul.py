@@ -96,6 +96,52 @@ def test_mm_layouts(layout, shape, dtype):
     assert spec.flops == 2 * m * n * k
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape, group", [((1024, 64, 64), 8), ((1000, 176, 64), 8), ((1300, 32, 176), 2),
+                                          ((512, 64, 256), 2), ((384, 130, 100), 3)],
+                         ids=lambda s: "x".join(map(str, s)) if isinstance(s, tuple) else str(s))
+@pytest.mark.parametrize("layout", ["mk,kn", "mk,nk", "km,kn"])
+def test_row_tile_groups(layout, shape, group, dtype):
+    """`group` row tiles share one PSUM bank and one store; fp32 A flipped on TensorE ("mk") also one
+    load (a group's partition p holds rows p * group + t), otherwise (a DMA transpose, "km") row tile
+    t is rows t * 128 + p. Full groups, a ragged one (1000 = 7 x 128 + 104 rows), a second row block
+    ending in one (1300 = 1024 + 276), K on and off the tile."""
+    fn, a_shape, b_shape = _layouts(*shape)[layout]
+    spec = check(fn, randn(*a_shape, dtype=dtype), randn(*b_shape, dtype=dtype, seed=1))
+    assert spec.params["blocking"]["group"] == group
+
+
+def test_row_tile_groups_of_a_bmm_and_none_with_a_bias():
+    for dtype in DTYPES:
+        spec = check(lambda a, b: torch.bmm(a, b), randn(3, 512, 48, dtype=dtype), randn(3, 48, 64, dtype=dtype, seed=1))
+        assert spec.params["blocking"]["group"] == 4
+    spec = check(lambda c, a, b: torch.addmm(c, a, b), randn(64), randn(512, 48), randn(48, 64, seed=1))
+    assert spec.params["blocking"]["group"] == 1  # the bias is applied tile by tile
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("k", [1024, 1000, 130, 300])
+def test_k_major_tiles_load_together(k, dtype):
+    """Weight-gradient operands (X^T @ dY, both K-major): a panel's whole K tiles arrive in one DMA
+    through an access pattern over the base, K row kt * 128 + p on partition p of tile kt (the K
+    tiling and sums of the per-tile loads), the ragged tile on its own; with 1 whole tile, per tile."""
+    x, dy = randn(k, 64, dtype=dtype), randn(k, 176, dtype=dtype, seed=1)
+    spec = check(lambda x, dy: x.t() @ dy, x, dy)
+    assert (spec.params["a"]["load"], spec.params["b"]["load"]) == ("direct", "direct")
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_k_major_tiles_load_together_per_batch(dtype):
+    """The same over batched bases (each batch's access pattern starts at its first element): a 4-d
+    [2, 3, K, M]^T @ [2, 3, K, N], and [1, K, M]^T broadcast over [4, K, N] (always batch 0)."""
+    a, b = randn(2, 3, 300, 40, dtype=dtype), randn(2, 3, 300, 24, dtype=dtype, seed=1)
+    spec = check(lambda a, b: torch.matmul(a.transpose(-1, -2), b), a, b)
+    assert spec.params["a"]["load"] == "direct" and spec.params["b"]["batch_index"] == [(3, 2), (1, 3)]
+    a, b = randn(1, 300, 40, dtype=dtype), randn(4, 300, 24, dtype=dtype, seed=1)
+    spec = check(lambda a, b: torch.matmul(a.transpose(-1, -2), b), a, b)
+    assert spec.params["a"]["load"] == "direct" and spec.params["a"]["batch_index"] == [(1, 1)]
+
+
 def test_linear_weight_is_read_in_place():
     """linear's permute(W) is looked through: the kernel reads W itself as an "nk" operand."""
     gm, node = trace(lambda x, w: torch.nn.functional.linear(x, w), randn(4, 8), randn(6, 8))
