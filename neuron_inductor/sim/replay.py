@@ -233,19 +233,22 @@ def plan_for(recording: Recording, result, instructions: list) -> Plan | None:
     return Plan(copies, outputs, shape, instructions)
 
 
+_NOT_RECORDED = object()
+
+
 def run(func, args: tuple, kwargs: dict, grid, platform_target, launch, unwrap):
     """The kernel's torch result: `launch()` (-> the NKI result) recorded the first time, replayed after."""
     global _RECORDER
     key = signature(args, kwargs, grid, platform_target)
     if key is None or _RECORDER is not None:
         return unwrap(launch())
-    if func in _TWINS and (func, key) not in _PLANS and len(_PLANS) < _MAX_PLANS:
+    if _TWINS and func in _TWINS and (func, key) not in _PLANS and len(_PLANS) < _MAX_PLANS:
         twin = _twin_plan(func, key)
         if twin is not None:
             _PLANS[func, key] = twin
     key = (func, key)
-    if key in _PLANS:
-        plan = _PLANS[key]
+    plan = _PLANS.get(key, _NOT_RECORDED)  # (one lookup: a signature's hash is not cached)
+    if plan is not _NOT_RECORDED:
         if plan is not None:
             try:
                 return plan.run(args)
