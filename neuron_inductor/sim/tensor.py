@@ -86,8 +86,11 @@ _RECYCLE_MAX_ELEMENTS = 1 << 23  # don't hold on to tiles bigger than 32 MiB of 
 
 
 def _recycle(storage: torch.Tensor) -> None:
-    # Storage made under torch.inference_mode() cannot be written outside it: not reusable.
+    # Storage made under torch.inference_mode() cannot be written outside it: not reusable. A tile a
+    # kernel wrote from tensors that require grad (called directly under autograd) is kept detached:
+    # a recycled tile is fresh memory, which no autograd graph follows.
     if storage.numel() <= _RECYCLE_MAX_ELEMENTS and not storage.is_inference() and not storage.is_meta:
+        storage = storage.detach()
         key = (tuple(storage.shape), storage.dtype)
         bucket = _RECYCLED.get(key)
         if bucket is None:

@@ -50,9 +50,14 @@ def _k_tiles(x, w):
     return out
 
 
+@pytest.mark.parametrize("after_autograd", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("k", [100, 200])  # one K tile (no accumulation), two (mm then addmm_)
-def test_a_matmul_replays_into_its_psum_bank_with_the_same_bits_and_no_fill(dtype, k):
+def test_a_matmul_replays_into_its_psum_bank_with_the_same_bits_and_no_fill(dtype, k, after_autograd):
+    """`after_autograd`: the kernel ran before on tensors that require grad, so the tiles it gave
+    back to the interpreter's recycling were in an autograd graph; the ones handed out again are not."""
+    if after_autograd:
+        sim.Kernel(_k_tiles)(torch.randn(k, 96, requires_grad=True).to(dtype), torch.randn(k, 48).to(dtype))
     sim_replay.forget()
     make = lambda call: (torch.randn(k, 96, generator=torch.Generator().manual_seed(call)).to(dtype),
                          torch.randn(k, 48, generator=torch.Generator().manual_seed(99)).to(dtype))
