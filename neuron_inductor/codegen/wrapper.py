@@ -86,14 +86,18 @@ def render_wrapper(gm: fx.GraphModule, lowered: LoweredGraph, name: str = "run")
     def host_names() -> dict[fx.Node, str]:
         return {**names, **{node: f"{names[node]}.long()" for node in narrowed if node in names}}
 
-    def value_name(node: fx.Node) -> str:
-        names.setdefault(node, f"buf{len(names) - len(placeholders)}")
-        return names[node]
-
     made: list[set[str]] = []  # per step: the graph values (names) its lines make
     read: list[set[str]] = []  # per step: the graph values its lines read
+
+    def value_name(node: fx.Node) -> str:
+        if node not in names:
+            names[node] = f"buf{len(names) - len(placeholders)}"
+            made[-1].add(names[node])
+        return names[node]
+
     for step in lowered.steps:
-        start, known = len(lines), set(names.values())
+        start = len(lines)
+        made.append(set())
         if isinstance(step, KernelStep):
             spec = step.spec
             read.append({names[node] for node in spec.inputs})
@@ -151,7 +155,6 @@ def render_wrapper(gm: fx.GraphModule, lowered: LoweredGraph, name: str = "run")
                 reason = " ".join(step.reason.split())
                 lines.append(f"{value_name(node)} = {_call_source(node, host_names(), namespaces)}  # fallback: {reason}")
         step_lines.append(lines[start:])
-        made.append(set(names.values()) - known)
 
     output = next(n for n in gm.graph.nodes if n.op == "output")
     returns = _literal(list(output.args[0]), host_names(), namespaces)

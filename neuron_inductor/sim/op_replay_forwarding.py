@@ -293,9 +293,8 @@ def _fused(producer, call, regions: _Regions, read_count: dict, visible: set, ex
 def _partly_in(producer, d: Region, regions: _Regions) -> bool:
     """Whether an input of `producer` shares bytes with D other than as D's own view: torch refuses
     such an out= (or the order of its writes would matter)."""
-    inputs = {k: v for k, v in producer.kwargs.items() if k != "out"}
     return any(r is not None and _overlap(r, d) and (r.key is None or r.key != d.key)
-               for r in map(regions.of, ref_names((producer.args, inputs))))
+               for _, r in _input_regions(producer, regions))
 
 
 def _without_dead_copies(calls: list, regions: _Regions, visible: set, exact_binding, fused: set) -> list:
@@ -368,9 +367,10 @@ def _writes_out(call, regions: _Regions, fused: set) -> bool:
     d = regions.of(out.name)
     if d is None or d.key is None:
         return False
+    return all(not _overlap(r, d) if r is not None else name[0] == "c" for name, r in _input_regions(call, regions))
+
+
+def _input_regions(call, regions: _Regions) -> list:
+    """(name, region or None) of each tensor `call` reads, its out= argument left out."""
     inputs = {k: v for k, v in call.kwargs.items() if k != "out"}
-    for name in ref_names((call.args, inputs)):
-        r = regions.of(name)
-        if r is None and name[0] != "c" or r is not None and _overlap(r, d):
-            return False
-    return True
+    return [(name, regions.of(name)) for name in ref_names((call.args, inputs))]

@@ -13,22 +13,12 @@ from neuron_inductor.sim import isa as nisa
 from neuron_inductor.sim import language as nl
 from neuron_inductor.sim import op_replay, op_replay_fills
 from neuron_inductor.sim import replay as sim_replay
+from neuron_inductor.sim.op_replay_bindings import _Dispatched
 from neuron_inductor.sim.op_replay_refs import Ref
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from .test_sim_replay_forwarding import _bits, _copy, _forwarded, _line, _run, _tiles
 
 aten = torch.ops.aten
-
-
-class _Seen(TorchDispatchMode):
-    def __init__(self) -> None:
-        super().__init__()
-        self.funcs: list = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.funcs.append(func)
-        return func(*args, **(kwargs or {}))
 
 
 def _k_tiles(x, w):
@@ -76,7 +66,7 @@ def test_a_matmul_replays_into_its_psum_bank_with_the_same_bits_and_no_fill(dtyp
     plan = next(p for (f, _), p in sim_replay._PLANS.items() if f is _k_tiles)
     assert type(plan) is op_replay.Plan
     args = make(0)
-    with _Seen() as seen:
+    with _Dispatched() as seen:
         plan.run(args)
     assert torch.ops.aten.mm.out in seen.funcs and torch.ops.aten.mm.default not in seen.funcs
     # the bank's NaN fill is read by nothing (the addmm_ reads only what the mm wrote), and the
