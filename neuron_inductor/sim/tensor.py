@@ -86,11 +86,13 @@ _RECYCLE_MAX_ELEMENTS = 1 << 23  # don't hold on to tiles bigger than 32 MiB of 
 
 
 def _recycle(storage: torch.Tensor) -> None:
-    # Storage made under torch.inference_mode() cannot be written outside it: not reusable. A tile a
-    # kernel wrote from tensors that require grad (called directly under autograd) is kept detached:
-    # a recycled tile is fresh memory, which no autograd graph follows.
-    if storage.numel() <= _RECYCLE_MAX_ELEMENTS and not storage.is_inference() and not storage.is_meta:
-        storage = storage.detach()
+    # Runs from __del__, so from whatever garbage collection the thread is in: inside make_fx or
+    # Dynamo a torch op here (detach, say) would be traced into the caller's graph. Only tensor
+    # attributes are read. Not reused: storage made under torch.inference_mode() (not writable
+    # outside it) and a tile a kernel wrote from tensors requiring grad (called directly under
+    # autograd): a recycled tile is fresh memory, which no autograd graph may follow.
+    if (storage.numel() <= _RECYCLE_MAX_ELEMENTS and not storage.requires_grad and not storage.is_inference()
+            and not storage.is_meta):
         key = (tuple(storage.shape), storage.dtype)
         bucket = _RECYCLED.get(key)
         if bucket is None:

@@ -2,8 +2,10 @@
 
 import pytest
 import torch
+from torch.fx.experimental.proxy_tensor import make_fx
 
 from neuron_inductor import sim
+from neuron_inductor.sim import tensor as sim_tensor
 from neuron_inductor.sim import isa as nisa
 from neuron_inductor.sim import language as nl
 
@@ -456,3 +458,31 @@ def test_psum_quadrants_hold_eight_banks_each():
         keep_partition_tiles([(32, BANK_F32)] * 33, buffer=nl.psum)()
     with pytest.raises(sim.NkiCapacityError, match="live PSUM to 18432"):
         keep_partition_tiles([(32, 16)] * 4 + [(128, 16)] * 8, buffer=nl.psum)()
+
+
+
+@pytest.mark.parametrize("requires_grad", [False, True])
+def test_a_tile_collected_inside_a_trace_adds_nothing_to_its_graph(requires_grad):
+    """An on-chip allocation gives its storage back from __del__, so from whatever garbage collection
+    runs, make_fx's included: it must dispatch no torch op there (a `detach` once became a stray
+    `_tensor_constant0` node and broke make_fx). Storage in an autograd graph is not kept at all."""
+    key = ((3, 5), torch.float32)
+    saved = sim_tensor._RECYCLED.pop(key, None)
+    storage = torch.zeros(3, 5)
+    if requires_grad:
+        storage = storage + torch.zeros(3, 5, requires_grad=True)
+    held = [sim_tensor.Allocation(storage, pool=object())]  # has a pool, never placed: only recycled
+    del storage
+
+    def fn(x):
+        held.clear()
+        return x + 1
+
+    try:
+        gm = make_fx(fn)(torch.ones(2))
+        assert [n.op for n in gm.graph.nodes] == ["placeholder", "call_function", "output"]
+        assert len(sim_tensor._RECYCLED.get(key, [])) == (0 if requires_grad else 1)
+    finally:
+        sim_tensor._RECYCLED.pop(key, None)
+        if saved is not None:
+            sim_tensor._RECYCLED[key] = saved
