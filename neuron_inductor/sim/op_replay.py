@@ -30,7 +30,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode_stack
 from torch.utils.weak import WeakIdKeyDictionary
 
-from . import op_replay_bindings, op_replay_casts, op_replay_fills, op_replay_forwarding, op_replay_transposes, tracing
+from . import (op_replay_bindings, op_replay_casts, op_replay_fills, op_replay_folding, op_replay_forwarding,
+               op_replay_transposes, tracing)
 from .op_replay_refs import Ref, map_refs, ref_names, renamed
 
 MAX_OPS = 200_000  # recorded operations per kernel: bounds the generated function's size (larger: slow path)
@@ -329,7 +330,8 @@ def plan_for(recorder: Recorder, result, instructions: list) -> Plan | None:
     calls = op_replay_forwarding.forwarded(calls, namespace, recorder.layouts, visible, aliasing,
                                            lambda call: _faithful(call, recorder, namespace))
     calls = op_replay_transposes.routed(op_replay_casts.hoisted(calls, namespace), namespace, recorder.layouts)
-    # views only the dropped copies read, and the recorded views of arguments a routed load replaced
+    calls = op_replay_folding.folded(calls, namespace, result_names, set(aliasing))
+    # views only the dropped copies or folded lines read, and the recorded views of arguments a routed load replaced
     calls = _without_unread_views(calls, result_names)
     # Python bindings where they dispatch exactly the recorded operation, else the operation object
     function = _generate(calls, recorder, result_template, result_names, namespace,
@@ -564,7 +566,7 @@ def _faithful(call: _Call, recorder: Recorder, namespace: dict) -> bool:
 
 def _spec(name: str, recorder: Recorder, namespace: dict):
     """A line's argument as the binding probe takes it."""
-    if name[0] in "pi":  # a kept buffer, or a copy of its first value
+    if name[0] in "pik":  # a kept buffer, a copy of its first value, or a folded result
         t = namespace[name]
         return op_replay_bindings.TensorSpec(tuple(t.shape), t.stride(), t.dtype)
     if name[0] == "c":

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 class Ref:
     """A variable of the generated replay function: a0.. the arguments, c0.. constants, v0.. the
-    kernel's tensors, p.. kept buffers, i.. their first values."""
+    kernel's tensors, p.. kept buffers, i.. their first values, k.. results computed from constants
+    once (op_replay_folding)."""
 
     __slots__ = ("name",)
 
