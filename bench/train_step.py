@@ -10,7 +10,10 @@ For the tiny config (2 layers, dim 64) in fp32 and bf16, and for dim 1024 x seq 
 - the time of a steady compiled step in the NKI interpreter as a ratio to eager PyTorch on the
   same CPU (goal <= 3x), best of --repeats with the two taking turns, in wall-clock and in CPU
   (process) time: on a loaded machine eager's thread pool waits on descheduled threads, which
-  inflates its wall time, so the CPU-time ratio is the steadier one.
+  inflates its wall time, so the CPU-time ratio is the steadier one. A bf16 step is also compared
+  with eager's fp32 step of the same model ("vs fp32 eager"): on a CPU without native bf16 (AVX2
+  only) eager's bf16 kernels are several times slower than its fp32 ones, which would flatter the
+  bf16 ratio; the interpreter computes bf16 work in fp32 anyway.
 Then the first step (trace + compile + run) of the dim-1024 model, neuron and inductor side by side,
 each in a fresh subprocess with empty caches (goal: neuron no slower). Every number is a ratio
 taken within one run: the machine may be shared, and absolute times move with its load.
@@ -83,8 +86,11 @@ def measure(config: dict, dtype: torch.dtype, batch: int, seq: int, repeats: int
     attention = sum(flops for op, flops in by_op.items() if op in SDPA_OPS)
     useful = counter.get_total_flops() - attention / 2  # causal: the masked half is not work
 
-    best = best_times({"compiled": lambda: compiled(ids, ids).backward(), "eager": lambda: eager(ids, ids).backward()},
-                      repeats)
+    steps = {"compiled": lambda: compiled(ids, ids).backward(), "eager": lambda: eager(ids, ids).backward()}
+    if dtype is not torch.float32:
+        eager_fp32 = TinyLlama(config)
+        steps["eager fp32"] = lambda: eager_fp32(ids, ids).backward()
+    best = best_times(steps, repeats)
     return {"fallbacks": fallbacks, "tensor_flops": tensor_flops, "useful_flops": useful, "best": best,
             "instructions": len(recorded.instructions),
             "trn2_seconds": recorded.estimate(target="trn2").total_seconds}
@@ -151,7 +157,7 @@ def main() -> None:
         print("steady step, best of --repeats, compiled and eager taking turns; wall and CPU (process) time")
         print(f"{'model':<28} {'dtype':<9} {'fallbacks':<12} {'TensorE/eager FLOPs':>20} {'NKI instr':>10} "
               f"{'Trn2 est us':>12} {'interp s':>9} {'eager s':>8} {'wall ratio':>11} {'interp cpu':>11} {'eager cpu':>10} "
-              f"{'CPU ratio':>10}")
+              f"{'CPU ratio':>10} {'vs fp32 eager':>14}")
     for name, config, dtype, (batch, seq) in runs:
         r = measure(config, dtype, batch, seq, args.repeats if config is TINY else min(args.repeats, 2))
         compiled, eager = r["best"]["compiled"], r["best"]["eager"]
@@ -160,7 +166,8 @@ def main() -> None:
               f"{100 * r['tensor_flops'] / r['useful_flops']:>19.1f}% {r['instructions']:>10} "
               f"{r['trn2_seconds'] * 1e6:>12.0f} {compiled['wall']:>9.3f} {eager['wall']:>8.3f} "
               f"{compiled['wall'] / eager['wall']:>10.2f}x {compiled['cpu']:>11.3f} {eager['cpu']:>10.3f} "
-              f"{compiled['cpu'] / eager['cpu']:>9.2f}x", flush=True)
+              f"{compiled['cpu'] / eager['cpu']:>9.2f}x "
+              f"{compiled['cpu'] / r['best'].get('eager fp32', eager)['cpu']:>13.2f}x", flush=True)
     if not args.no_first_step:
         print(f"first bf16 step (trace + compile + run, empty caches), 1 layer x 1024, "
               f"{LARGE_SHAPE[0]} x {LARGE_SHAPE[1]}, fresh process each, the two taking turns")
