@@ -15,7 +15,8 @@ from neuron_inductor.sim import op_replay, op_replay_folding
 from neuron_inductor.sim import replay as sim_replay
 from neuron_inductor.sim.op_replay_refs import ref_names
 
-from .test_sim_replay_forwarding import _bits, _line
+from .test_sim_fast_paths import _bits, _runs
+from .test_sim_replay_forwarding import _line
 
 aten = torch.ops.aten
 FP32_MIN = -3.4028234663852886e38
@@ -158,10 +159,9 @@ def test_past_its_byte_budget_nothing_is_folded(monkeypatch):
 
 def _causal_rows(x):
     """Each 128-row tile of x with the columns past its row's diagonal masked (range_select against
-    an iota column made once per call, as the attention kernels mask), and the row maxima."""
+    an iota column made once per call, as the attention kernels mask), its row maxima in a last column."""
     rows, cols = x.shape
-    out = nl.ndarray((rows, cols), dtype=x.dtype, buffer=nl.shared_hbm)
-    maxima = nl.ndarray((rows, 1), dtype=nl.float32, buffer=nl.shared_hbm)
+    out = nl.ndarray((rows, cols + 1), dtype=x.dtype, buffer=nl.shared_hbm)
     index = nl.ndarray((128, 1), dtype=nl.int32, buffer=nl.sbuf)
     nisa.iota(index, [[0, 1]], offset=0, channel_multiplier=1)
     row = nl.ndarray((128, 1), dtype=nl.float32, buffer=nl.sbuf)
@@ -174,9 +174,9 @@ def _causal_rows(x):
         nisa.range_select(dst=tile[0:n], on_true_tile=tile[0:n], comp_op0=nl.less_equal, comp_op1=nl.less_equal,
                           bound0=row[0:n], bound1=row[0:n], range_start=-t * 64, on_false_value=FP32_MIN,
                           reduce_cmd=nisa.reduce_cmd.reset_reduce, reduce_res=row_max[0:n], reduce_op=nl.maximum)
-        nisa.dma_copy(dst=out[t * 128:t * 128 + n, :], src=tile[0:n])
-        nisa.dma_copy(dst=maxima[t * 128:t * 128 + n, :], src=row_max[0:n])
-    return out, maxima
+        nisa.dma_copy(dst=out[t * 128:t * 128 + n, 0:cols], src=tile[0:n])
+        nisa.dma_copy(dst=out[t * 128:t * 128 + n, cols:cols + 1], src=row_max[0:n])
+    return out
 
 
 def _calls_made(monkeypatch, folding: bool, x) -> int:
@@ -192,16 +192,8 @@ def _calls_made(monkeypatch, folding: bool, x) -> int:
 @pytest.mark.parametrize("rows", [256, 200])  # on and off the partition tile
 def test_a_masking_kernel_replays_with_the_same_bits_and_trace_and_its_compares_folded(rows, monkeypatch):
     make = lambda call: torch.randn(rows, 96, generator=torch.Generator().manual_seed(call))  # noqa: E731
-    found = {}
-    for replay in (True, False):
-        kernel = sim.Kernel(_causal_rows, replay=replay)
-        found[replay] = []
-        for call in range(3):
-            with sim.trace() as recorded:
-                out, maxima = kernel(make(call))
-            found[replay].append((out.clone(), maxima.clone(), [(i.engine, i.op, i.bytes, i.operands)
-                                                                 for i in recorded.instructions]))
-    for (out, maxima, ops), (ref_out, ref_maxima, ref_ops) in zip(found[True], found[False]):
-        assert ops == ref_ops and torch.equal(_bits(out), _bits(ref_out)) and torch.equal(_bits(maxima), _bits(ref_maxima))
+    runs = _runs(_causal_rows, make)
+    for (out, arg, ops), (ref_out, ref_arg, ref_ops) in zip(runs[True], runs[False]):
+        assert ops == ref_ops and torch.equal(_bits(out), _bits(ref_out)) and torch.equal(arg, ref_arg)
     # per tile: the compare of the iota column with the key index (and its cast) no longer runs
     assert _calls_made(monkeypatch, True, make(0)) <= _calls_made(monkeypatch, False, make(0)) - 2 * ((rows + 127) // 128)
