@@ -330,7 +330,7 @@ def plan_for(recorder: Recorder, result, instructions: list) -> Plan | None:
     calls = op_replay_forwarding.forwarded(calls, namespace, recorder.layouts, visible, aliasing,
                                            lambda call: _faithful(call, recorder, namespace))
     calls = op_replay_transposes.routed(op_replay_casts.hoisted(calls, namespace), namespace, recorder.layouts)
-    calls = op_replay_folding.folded(calls, namespace, result_names, set(aliasing))
+    calls = _folded(calls, namespace, result_names, set(aliasing))
     # views only the dropped copies or folded lines read, and the recorded views of arguments a routed load replaced
     calls = _without_unread_views(calls, result_names)
     # Python bindings where they dispatch exactly the recorded operation, else the operation object
@@ -389,6 +389,15 @@ def _persistent(recorder: Recorder, ops: list, result_keys: set) -> dict:
         found[op.new_slots[0]] = buffer
     _persistent_total += total
     return found
+
+
+def _folded(calls: list, namespace: dict, result_names: set, aliased: set) -> list:
+    """op_replay_folding.folded within what the plans may keep; its results count against it."""
+    global _persistent_total
+    calls, held = op_replay_folding.folded(calls, namespace, result_names, aliased,
+                                           PERSISTENT_TOTAL_BYTES - _persistent_total)
+    _persistent_total += held
+    return calls
 
 
 def _constants(template, recorder: Recorder):

@@ -15,9 +15,9 @@ once, on the plan's own kept buffers, and are dropped from the replay:
 
 Unchanging: a folded result, or a kept buffer (or its first value) whose writes are folded or that
 nothing writes. Not folded: a line whose result the caller gets back or a later line writes, itself
-or through a view or alias of it, nor the buffers such writes reach. A
-folded line runs the same operation on the same values as every call would (the plan is made under
-the kernel's thread count, as it runs), so no bit changes.
+or through a view or alias of it, nor the buffers such writes reach. A folded line runs the same
+operation on the same values as every call would (the plan is made under the kernel's thread
+count, as it runs), so no bit changes.
 """
 
 from __future__ import annotations
@@ -26,12 +26,13 @@ import torch
 
 from .op_replay_refs import map_refs, ref_names, renamed, written_names
 
-FOLD_BYTES = 16 << 20  # per plan: the results it keeps; past it, nothing is folded
+FOLD_BYTES = 16 << 20  # per plan: the results it keeps; past it (or past `budget`), nothing is folded
 
 
-def folded(calls: list, namespace: dict, result_names: set, aliased: set) -> list:
-    """`calls` less the lines computed from unchanging tensors; their results join `namespace`.
-    `aliased`: the names operations that are no views made on an input's memory (`_unsafe_view`)."""
+def folded(calls: list, namespace: dict, result_names: set, aliased: set, budget: int) -> tuple[list, int]:
+    """(`calls` less the lines computed from unchanging tensors, the bytes their results hold); the
+    results join `namespace`. `aliased`: the names operations that are no views made on an input's
+    memory (`_unsafe_view`); `budget`: the bytes the plans may still keep."""
     buffers = {n: t.untyped_storage().data_ptr() for n, t in namespace.items()
                if n[0] in "pi" and isinstance(t, torch.Tensor)}
     exposed = _exposed(calls, result_names, buffers, aliased)
@@ -41,8 +42,8 @@ def folded(calls: list, namespace: dict, result_names: set, aliased: set) -> lis
         if not failed:
             break
         unsafe |= failed
-    kept = _apply(calls, fold, namespace) if fold else None
-    return calls if kept is None else kept
+    found = _apply(calls, fold, namespace, min(budget, FOLD_BYTES)) if fold else None
+    return (calls, 0) if found is None else found
 
 
 def _exposed(calls: list, result_names: set, buffers: dict, aliased: set) -> set:
@@ -94,10 +95,11 @@ def _decide(calls: list, buffers: dict, exposed: set, unsafe: set) -> tuple[set,
     return fold, failed
 
 
-def _apply(calls: list, fold: set, namespace: dict) -> list | None:
-    """Runs the folding lines (their results into `namespace`) and returns the others, renamed; None
-    when a line gives what it may not keep (a non-tensor result, more than FOLD_BYTES): the writes
-    folded so far are then done again by their lines on each call, as before."""
+def _apply(calls: list, fold: set, namespace: dict, budget: int) -> tuple[list, int] | None:
+    """Runs the folding lines (their results into `namespace`) and returns the others, renamed, and
+    the bytes the results hold; None when a line gives what it may not keep (a non-tensor result,
+    more than `budget` bytes): the writes folded so far are then done again by their lines on each
+    call, as before."""
     rename: dict = {}
     results: dict = {}
     held = 0
@@ -116,14 +118,15 @@ def _apply(calls: list, fold: set, namespace: dict) -> list | None:
         if len(names) != len(values) or not all(isinstance(v, torch.Tensor) for v in values):
             return None
         held += sum(v.untyped_storage().nbytes() for v in values)
-        if held > FOLD_BYTES:
+        if held > budget:
             return None
         for name, v in zip(names, values):
             results[name] = v
             rename[name] = f"k{name}"
     for name, v in results.items():
         namespace[f"k{name}"] = v
-    return [type(c)(c.func, renamed(c.args, rename), renamed(c.kwargs, rename), c.outs, c.new, c.guard) for c in kept]
+    return [type(c)(c.func, renamed(c.args, rename), renamed(c.kwargs, rename), c.outs, c.new, c.guard)
+            for c in kept], held
 
 
 def _tensor_inputs(call) -> list:

@@ -53,14 +53,14 @@ def _calls(lines: list, namespace: dict, calls: int = 3) -> list:
             for env in (_call(lines, namespace, number) for number in range(calls))]
 
 
-def _folded(lines: list, namespace: dict) -> list:
+def _folded(lines: list, namespace: dict, budget: int = 1 << 30) -> list:
     """op_replay_folding.folded, told (as the recorder would) which lines' results are on an input's
     memory without being views."""
     env = _call(lines, _fresh(namespace), 0)
     storage = lambda name: env[name].untyped_storage().data_ptr()  # noqa: E731
     aliased = {name for line in lines if line.new and not line.func.is_view for name in line.new
                if storage(name) in {storage(n) for n in ref_names(line.args) if n[0] != "c"}}
-    return op_replay_folding.folded(lines, namespace, {"v1"}, aliased)
+    return op_replay_folding.folded(lines, namespace, {"v1"}, aliased, budget)[0]
 
 
 def _fresh(namespace: dict) -> dict:
@@ -143,13 +143,16 @@ def test_each_rule_gives_the_same_bits_call_after_call_and_folds_only_what_it_ma
         assert torch.equal(result, result_folded) and torch.equal(arg, arg_folded)
 
 
-def test_past_its_byte_budget_nothing_is_folded(monkeypatch):
+@pytest.mark.parametrize("limit", ["per plan", "what the plans may still keep"])
+def test_past_its_byte_budget_nothing_is_folded(limit, monkeypatch):
     """The settling write already done then stays a line, and the lines give the same bits."""
-    monkeypatch.setattr(op_replay_folding, "FOLD_BYTES", 128 * 128 - 1)  # the bool mask takes 128 * 128 bytes
+    below_the_mask = 128 * 128 - 1  # the bool mask takes 128 * 128 bytes
+    if limit == "per plan":
+        monkeypatch.setattr(op_replay_folding, "FOLD_BYTES", below_the_mask)
     namespace = _namespace()
     unfolded = _calls(_MASK, _fresh(namespace))
     folded_namespace = _fresh(namespace)
-    assert _folded(_MASK, folded_namespace) == _MASK
+    assert _folded(_MASK, folded_namespace, budget=below_the_mask if limit != "per plan" else 1 << 30) == _MASK
     assert not any(name[0] == "k" for name in folded_namespace)
     for seen, seen_folded in zip(unfolded, _calls(_MASK, folded_namespace)):
         assert all(torch.equal(a, b) for a, b in zip(seen, seen_folded))
@@ -183,7 +186,7 @@ def _calls_made(monkeypatch, folding: bool, x) -> int:
     sim_replay.forget()
     with monkeypatch.context() as patched:
         if not folding:
-            patched.setattr(op_replay_folding, "folded", lambda calls, *rest: calls)
+            patched.setattr(op_replay_folding, "folded", lambda calls, *rest: (calls, 0))
         sim.Kernel(_causal_rows, replay=True)(x)
     (plan,) = [p for (f, _), p in sim_replay._PLANS.items() if f is _causal_rows]
     return plan.counts["replayed"]
