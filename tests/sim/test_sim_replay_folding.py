@@ -13,6 +13,7 @@ from neuron_inductor.sim import isa as nisa
 from neuron_inductor.sim import language as nl
 from neuron_inductor.sim import op_replay, op_replay_folding
 from neuron_inductor.sim import replay as sim_replay
+from neuron_inductor.sim import tensor as sim_tensor
 from neuron_inductor.sim.op_replay_refs import ref_names
 
 from .test_sim_fast_paths import _bits, _runs
@@ -183,8 +184,10 @@ def _causal_rows(x):
 
 
 def _calls_made(monkeypatch, folding: bool, x) -> int:
+    """The plan's replayed calls, recorded on fresh tiles (none of an earlier kernel's storage)."""
     sim_replay.forget()
     with monkeypatch.context() as patched:
+        patched.setattr(sim_tensor, "_RECYCLED", {})
         if not folding:
             patched.setattr(op_replay_folding, "folded", lambda calls, *rest: (calls, 0))
         sim.Kernel(_causal_rows, replay=True)(x)
