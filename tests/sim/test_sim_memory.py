@@ -5,9 +5,9 @@ import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from neuron_inductor import sim
-from neuron_inductor.sim import tensor as sim_tensor
 from neuron_inductor.sim import isa as nisa
 from neuron_inductor.sim import language as nl
+from neuron_inductor.sim import tensor as sim_tensor
 
 
 @sim.jit
@@ -460,14 +460,12 @@ def test_psum_quadrants_hold_eight_banks_each():
         keep_partition_tiles([(32, 16)] * 4 + [(128, 16)] * 8, buffer=nl.psum)()
 
 
-
 @pytest.mark.parametrize("requires_grad", [False, True])
-def test_a_tile_collected_inside_a_trace_adds_nothing_to_its_graph(requires_grad):
+def test_a_tile_collected_inside_a_trace_adds_nothing_to_its_graph(requires_grad, monkeypatch):
     """An on-chip allocation gives its storage back from __del__, so from whatever garbage collection
     runs, make_fx's included: it must dispatch no torch op there (a `detach` once became a stray
     `_tensor_constant0` node and broke make_fx). Storage in an autograd graph is not kept at all."""
-    key = ((3, 5), torch.float32)
-    saved = sim_tensor._RECYCLED.pop(key, None)
+    monkeypatch.setattr(sim_tensor, "_RECYCLED", {})
     storage = torch.zeros(3, 5)
     if requires_grad:
         storage = storage + torch.zeros(3, 5, requires_grad=True)
@@ -478,11 +476,6 @@ def test_a_tile_collected_inside_a_trace_adds_nothing_to_its_graph(requires_grad
         held.clear()
         return x + 1
 
-    try:
-        gm = make_fx(fn)(torch.ones(2))
-        assert [n.op for n in gm.graph.nodes] == ["placeholder", "call_function", "output"]
-        assert len(sim_tensor._RECYCLED.get(key, [])) == (0 if requires_grad else 1)
-    finally:
-        sim_tensor._RECYCLED.pop(key, None)
-        if saved is not None:
-            sim_tensor._RECYCLED[key] = saved
+    gm = make_fx(fn)(torch.ones(2))
+    assert [n.op for n in gm.graph.nodes] == ["placeholder", "call_function", "output"]
+    assert len(sim_tensor._RECYCLED.get(((3, 5), torch.float32), [])) == (0 if requires_grad else 1)
