@@ -35,27 +35,29 @@ def folded(calls: list, namespace: dict, result_names: set, aliased: set, budget
     memory (`_unsafe_view`); `budget`: the bytes the plans may still keep."""
     buffers = {n: t.untyped_storage().data_ptr() for n, t in namespace.items()
                if n[0] in "pi" and isinstance(t, torch.Tensor)}
-    exposed = _exposed(calls, result_names, buffers, aliased)
+    lines = [(written_names(call), _tensor_inputs(call)) for call in calls]  # (what each writes, reads)
+    exposed = _exposed(calls, lines, result_names, buffers, aliased)
     unsafe = {buffers[n] for n in exposed if n in buffers}
+    last_write, first_read = _buffer_uses(lines, buffers)
     while True:  # a buffer some write of which does not fold is written on every call: look again without it
-        fold, failed = _decide(calls, buffers, exposed, unsafe)
+        fold, failed = _decide(calls, lines, buffers, exposed, unsafe, last_write, first_read)
         if not failed:
             break
         unsafe |= failed
-    found = _apply(calls, fold, namespace, min(budget, FOLD_BYTES)) if fold else None
+    found = _apply(calls, lines, fold, namespace, min(budget, FOLD_BYTES)) if fold else None
     return (calls, 0) if found is None else found
 
 
-def _exposed(calls: list, result_names: set, buffers: dict, aliased: set) -> set:
+def _exposed(calls: list, lines: list, result_names: set, buffers: dict, aliased: set) -> set:
     """The names the caller sees or a line writes (kept buffers aside: their writes are followed
     by storage), and, back through every line whose result shares its inputs' memory (a view, an
     operation returning an alias or an `aliased` name), that line's inputs."""
     exposed = set(result_names)
-    for call in calls:
-        exposed.update(n for n in written_names(call) if n not in buffers)
-    for call in reversed(calls):
+    for written, _ in lines:
+        exposed.update(n for n in written if n not in buffers)
+    for call, (_, inputs) in zip(reversed(calls), reversed(lines)):
         if any(n in exposed for n in call.new) and (_returns_alias(call.func) or any(n in aliased for n in call.new)):
-            exposed.update(_tensor_inputs(call))
+            exposed.update(inputs)
     return exposed
 
 
@@ -63,25 +65,30 @@ def _returns_alias(func) -> bool:
     return func.is_view or any(r.alias_info is not None for r in func._schema.returns)
 
 
-def _decide(calls: list, buffers: dict, exposed: set, unsafe: set) -> tuple[set, set]:
-    """(indices of the lines to fold, storages of buffers written by a line that does not fold)."""
+def _buffer_uses(lines: list, buffers: dict) -> tuple[dict, dict]:
+    """({storage: index of the last line writing it}, {storage: index of the first line reading it
+    other than by writing it})."""
     last_write, first_read = {}, {}
-    for index, call in enumerate(calls):
-        written = {buffers.get(n) for n in written_names(call)}
+    for index, (names, inputs) in enumerate(lines):
+        written = {buffers.get(n) for n in names}
         for storage in written:
             last_write[storage] = index
-        for name in _tensor_inputs(call):
+        for name in inputs:
             if buffers.get(name) not in written:
                 first_read.setdefault(buffers.get(name), index)
+    return last_write, first_read
+
+
+def _decide(calls: list, lines: list, buffers: dict, exposed: set, unsafe: set, last_write: dict,
+            first_read: dict) -> tuple[set, set]:
+    """(indices of the lines to fold, storages of buffers written by a line that does not fold)."""
     settling = {s for s, i in last_write.items()
                 if s is not None and s not in unsafe and first_read.get(s, i + 1) > i}
     # what the lines may read: nothing reads a settling buffer before its last write
     settled = settling | {s for s in buffers.values() if s not in unsafe and s not in last_write}
     made: set = set()  # names the folded lines make
     fold, failed = set(), set()
-    for index, call in enumerate(calls):
-        written = written_names(call)
-        inputs = _tensor_inputs(call)
+    for index, (call, (written, inputs)) in enumerate(zip(calls, lines)):
         unchanging = all(n in made or buffers.get(n) in settled for n in inputs if n not in written)
         if written:
             targets = {buffers.get(n) for n in written}
@@ -95,7 +102,7 @@ def _decide(calls: list, buffers: dict, exposed: set, unsafe: set) -> tuple[set,
     return fold, failed
 
 
-def _apply(calls: list, fold: set, namespace: dict, budget: int) -> tuple[list, int] | None:
+def _apply(calls: list, lines: list, fold: set, namespace: dict, budget: int) -> tuple[list, int] | None:
     """Runs the folding lines (their results into `namespace`) and returns the others, renamed, and
     the bytes the results hold; None when a line gives what it may not keep (a non-tensor result,
     more than `budget` bytes): the writes folded so far are then done again by their lines on each
@@ -107,7 +114,7 @@ def _apply(calls: list, fold: set, namespace: dict, budget: int) -> tuple[list, 
     kept = []
     for index, call in enumerate(calls):
         if index not in fold:
-            kept.append(call)
+            kept.append((call, lines[index][1]))
             continue
         with torch.no_grad():
             value = call.func(*map_refs(call.args, lookup), **map_refs(call.kwargs, lookup))
@@ -126,7 +133,7 @@ def _apply(calls: list, fold: set, namespace: dict, budget: int) -> tuple[list, 
     for name, v in results.items():
         namespace[f"k{name}"] = v
     return [type(c)(c.func, renamed(c.args, rename), renamed(c.kwargs, rename), c.outs, c.new, c.guard)
-            for c in kept], held
+            if any(n in rename for n in inputs) else c for c, inputs in kept], held
 
 
 def _tensor_inputs(call) -> list:
