@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from neuron_inductor import sim
 from neuron_inductor.sim import launch
 from neuron_inductor.testing import TinyLlama, TinyLlamaConfig
+from tests.sim.helpers import bits
 
 
 class EncoderConv(nn.Module):
@@ -48,10 +49,6 @@ def _encoder_conv(dtype):
     return model.to(dtype), inputs
 
 
-def _bits(t: torch.Tensor) -> torch.Tensor:
-    return t.contiguous().view({torch.float32: torch.int32, torch.bfloat16: torch.int16}[t.dtype])
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("make", [_llama, _encoder_conv], ids=["llama", "encoder_conv"])
@@ -78,6 +75,6 @@ def test_a_replayed_training_step_gives_the_slow_paths_bits(make, dtype, monkeyp
     assert plans > 40  # (the step's kernels did replay)
     assert len(replayed) == len(slow)
     for got, expected in zip(replayed, slow):
-        assert torch.equal(_bits(got), _bits(expected))
+        assert torch.equal(bits(got), bits(expected))
     assert [(i.kernel, i.op, i.bytes, i.flops) for i in replayed_trace] == \
         [(i.kernel, i.op, i.bytes, i.flops) for i in slow_trace]

@@ -39,3 +39,8 @@ def on_tiles(body, out_shape, out_dtype, *inputs, out_buffer=None):
 
 def nl_dtype(torch_dtype):
     return sim.dtypes.of_torch(torch_dtype)
+
+
+def bits(t: torch.Tensor) -> torch.Tensor:
+    """The tensor's bytes as integers: NaNs compare equal when their bits do."""
+    return t.contiguous().view({torch.float32: torch.int32, torch.bfloat16: torch.int16}[t.dtype])

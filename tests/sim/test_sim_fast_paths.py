@@ -23,6 +23,8 @@ from neuron_inductor.sim.op_replay_refs import Ref
 from neuron_inductor.sim.errors import NkiIndexError
 from neuron_inductor.testing import TinyLlama, TinyLlamaConfig
 
+from .helpers import bits
+
 
 def _general_index(key, shape, on_chip):
     return sim_tensor._checked_index(key if type(key) is tuple else (key,), shape, on_chip)
@@ -167,11 +169,6 @@ def _in_place_shift(x):
     return x
 
 
-def _bits(t: torch.Tensor) -> torch.Tensor:
-    """The tensor's bytes as integers: NaNs compare equal when their bits do."""
-    return t.contiguous().view({torch.float32: torch.int32, torch.bfloat16: torch.int16}[t.dtype])
-
-
 def _runs(kernel_func, make_input, calls=3):
     """[(output, trace)] of `calls` calls, each on a fresh input, with replay on and off."""
     found = {}
@@ -196,7 +193,7 @@ def test_replayed_copy_kernels_give_the_same_bits_and_trace(func, make_input):
     runs = _runs(func, make_input)
     for (out, arg, ops), (ref_out, ref_arg, ref_ops) in zip(runs[True], runs[False]):
         assert ops == ref_ops and len(ops) >= 2
-        assert torch.equal(_bits(out), _bits(ref_out)) and torch.equal(_bits(arg), _bits(ref_arg))
+        assert torch.equal(bits(out), bits(ref_out)) and torch.equal(bits(arg), bits(ref_arg))
 
 
 def test_a_replayed_kernel_returns_its_argument_itself():
@@ -265,7 +262,7 @@ def test_a_value_dependent_read_that_differs_runs_the_slow_path():
     x = torch.rand(4, 8) + 0.5
     runs = _runs(_log_kernel, lambda call: x if call < 2 else -x)  # the last call's inputs are out of range
     for (out, _, ops), (ref_out, _, ref_ops) in zip(runs[True], runs[False]):
-        assert ops == ref_ops and torch.equal(_bits(out), _bits(ref_out))
+        assert ops == ref_ops and torch.equal(bits(out), bits(ref_out))
     assert torch.isnan(runs[True][-1][0]).all()  # the hardware's invalid output, as the slow path gives
     plans = [p for (f, _), p in sim_replay._PLANS.items() if f is _log_kernel]
     assert [type(p) for p in plans] == [op_replay.Plan] and plans[0].counts["guards"] >= 1
@@ -284,7 +281,7 @@ def _scale_in_place(x):
 def test_a_replayed_kernel_writing_its_argument_writes_the_same_bits(dtype):
     runs = _runs(_scale_in_place, lambda call: torch.randn(6, 130, generator=torch.Generator().manual_seed(call)).to(dtype))
     for (out, arg, ops), (ref_out, ref_arg, ref_ops) in zip(runs[True], runs[False]):
-        assert ops == ref_ops and torch.equal(_bits(arg), _bits(ref_arg)) and torch.equal(_bits(out), _bits(arg))
+        assert ops == ref_ops and torch.equal(bits(arg), bits(ref_arg)) and torch.equal(bits(out), bits(arg))
     kernel = sim.Kernel(_scale_in_place, replay=True)
     x = torch.randn(6, 130).to(dtype)
     assert kernel(x) is x
@@ -364,7 +361,7 @@ def test_arguments_sharing_memory_replay_when_the_kernel_only_reads_them(func, p
         found[replay] = [_traced(lambda: kernel(*_shared(torch.randn(6, 8, generator=torch.Generator().manual_seed(call)),
                                                          layout))) for call in range(3)]
     for (out, ops), (ref_out, ref_ops) in zip(found[True], found[False]):
-        assert ops == ref_ops and torch.equal(_bits(out), _bits(ref_out))
+        assert ops == ref_ops and torch.equal(bits(out), bits(ref_out))
     assert [type(p) for (f, _), p in sim_replay._PLANS.items() if f is func] == [plan_type]
     # the same call on separate tensors is another signature, with a plan of its own
     x, y = torch.randn(4, 8), torch.randn(4, 8)
@@ -397,7 +394,7 @@ def test_kept_tiles_stay_within_the_process_budget(spent, monkeypatch):
     monkeypatch.setattr(op_replay, "_persistent_total", spent)
     runs = _runs(_log_kernel, lambda call: torch.rand(4, 8, generator=torch.Generator().manual_seed(call)) + 0.5)
     for (out, _, ops), (ref_out, _, ref_ops) in zip(runs[True], runs[False]):
-        assert ops == ref_ops and torch.equal(_bits(out), _bits(ref_out))
+        assert ops == ref_ops and torch.equal(bits(out), bits(ref_out))
     kept = op_replay._persistent_total - spent
     assert (kept > 0) if spent == 0 else (kept == 0)
     sim_replay.forget()
@@ -426,7 +423,7 @@ def test_a_tile_loops_copies_replay_as_few_strided_copies_with_the_same_bits(dty
     runs = _runs(_row_tiles, make)
     for (out, _, ops), (ref_out, _, ref_ops) in zip(runs[True], runs[False]):
         assert ops == ref_ops and len(ops) == 2 * 4 * ((rows + 127) // 128)
-        assert torch.equal(_bits(out), _bits(ref_out))
+        assert torch.equal(bits(out), bits(ref_out))
     plans = [p for (f, _), p in sim_replay._PLANS.items() if f is _row_tiles]
     assert len(plans[-1].copies) == (rows + 127) // 128  # one copy per row block (the ragged one apart)
 
@@ -450,7 +447,7 @@ def test_dmas_through_permuted_and_broadcast_views_copy_in_place_with_the_same_b
     make = lambda call: torch.randn(4, 100, 8, generator=torch.Generator().manual_seed(call)).to(dtype)
     runs = _runs(_permuted_plus_row, make)
     for (out, arg, ops), (ref_out, _, ref_ops) in zip(runs[True], runs[False]):
-        assert ops == ref_ops and torch.equal(_bits(out), _bits(ref_out))
+        assert ops == ref_ops and torch.equal(bits(out), bits(ref_out))
         assert torch.equal(out, (arg.float() + arg[0:1].float()).to(dtype))
     plan = [p for (f, _), p in sim_replay._PLANS.items() if f is _permuted_plus_row][-1]
     # each DMA is one copy into the tile seen as the source's shape: no compact copy of the source first
@@ -509,7 +506,7 @@ def test_an_spmd_launch_replays_its_programs_with_the_same_bits_and_trace(dtype,
             found[replay].append(([o.clone() for o in out], ops + [i.program_id for i in recorded.instructions]))
     for (outs, ops), (ref_outs, ref_ops) in zip(found[True], found[False]):
         assert ops == ref_ops and {(0,), (1,)} <= set(ops)
-        assert all(torch.equal(_bits(a), _bits(b)) for a, b in zip(outs, ref_outs))
+        assert all(torch.equal(bits(a), bits(b)) for a, b in zip(outs, ref_outs))
     assert [type(p) for (f, key), p in sim_replay._PLANS.items() if f is _swap_halves] == [op_replay.Plan]
 
 
@@ -546,7 +543,7 @@ def test_indirect_dma_kernels_replay_and_rows_out_of_bounds_run_the_slow_path(dt
         kernel = sim.Kernel(_gather_scatter, replay=replay)
         found[replay] = [_traced(lambda: [o.clone() for o in kernel(table, ids, grad)]) for ids in calls]
     for (outs, ops), (ref_outs, ref_ops) in zip(found[True], found[False]):
-        assert ops == ref_ops and all(torch.equal(_bits(a), _bits(b)) for a, b in zip(outs, ref_outs))
+        assert ops == ref_ops and all(torch.equal(bits(a), bits(b)) for a, b in zip(outs, ref_outs))
     assert [type(p) for (f, _), p in sim_replay._PLANS.items() if f is _gather_scatter] == [op_replay.Plan]
     sim_replay.forget()
     sim.Kernel(_gather_scatter, replay=True)(table, calls[-1], grad)  # recorded with rows out of bounds
@@ -578,7 +575,7 @@ def test_fills_nothing_reads_are_skipped_with_the_same_bits():
         kernel = sim.Kernel(_column_blocks, replay=replay)
         found[replay] = [_traced(lambda: kernel(make(call), w)) for call in range(3)]
     for (out, ops), (ref_out, ref_ops) in zip(found[True], found[False]):
-        assert ops == ref_ops and torch.equal(_bits(out), _bits(ref_out))
+        assert ops == ref_ops and torch.equal(bits(out), bits(ref_out))
     plan = next(p for (f, _), p in sim_replay._PLANS.items() if f is _column_blocks)
     with sim.trace(), _Dispatched() as seen:
         plan.run((make(0), w))
@@ -626,7 +623,7 @@ def test_kept_tiles_are_re_filled_per_call_only_where_their_fill_is_read(recycle
             kernel = sim.Kernel(func, replay=replay)
             found[replay] = [_traced(lambda: kernel(*make(call))) for call in range(3)]
         for (out, ops), (ref_out, ref_ops) in zip(found[True], found[False]):
-            assert ops == ref_ops and torch.equal(_bits(out), _bits(ref_out))
+            assert ops == ref_ops and torch.equal(bits(out), bits(ref_out))
             assert bool(torch.isnan(out).all()) is reads_fill  # NaN + x: the fill was read, on every call
         plan = next(p for (f, _), p in sim_replay._PLANS.items() if f is func)
         assert type(plan) is op_replay.Plan, func.__name__
@@ -682,7 +679,7 @@ def test_kernels_replay_under_inference_mode_with_the_same_bits_and_trace(dtype,
         runs = _runs(_reshaped_read, lambda call: torch.randn(16, 12, generator=torch.Generator().manual_seed(call))
                      .to(dtype).t())
         for (out, _, ops), (ref_out, _, ref_ops) in zip(runs[True], runs[False]):
-            assert ops == ref_ops and torch.equal(_bits(out), _bits(ref_out))
+            assert ops == ref_ops and torch.equal(bits(out), bits(ref_out))
         assert [type(p) for (f, _), p in sim_replay._PLANS.items() if f is _reshaped_read] == [op_replay.Plan]
         torch._dynamo.reset()
         gen = torch.Generator().manual_seed(3)
@@ -745,7 +742,7 @@ def test_making_a_plan_runs_no_math_on_the_data_and_uses_the_kernels_threads(mon
     finally:
         torch.set_num_threads(previous)
     for (out, _, ops), (ref_out, _, ref_ops) in zip(runs[True], runs[False]):
-        assert ops == ref_ops and torch.equal(_bits(out), _bits(ref_out))
+        assert ops == ref_ops and torch.equal(bits(out), bits(ref_out))
     assert seen["threads"] == [1] and seen["devices"] == {"meta"}
 
 
@@ -785,9 +782,9 @@ def test_routed_transposes_replay_with_the_same_bits_and_trace(dtype, rows):
     make = lambda call: torch.randn(rows, 256, generator=torch.Generator().manual_seed(call)).to(dtype)
     runs = _runs(_transpose_blocks, make)
     for (out, _, ops), (ref_out, _, ref_ops) in zip(runs[True], runs[False]):
-        assert ops == ref_ops and torch.equal(_bits(out), _bits(ref_out))
+        assert ops == ref_ops and torch.equal(bits(out), bits(ref_out))
     x = make(0)
-    assert torch.equal(_bits(runs[True][0][0]), _bits(x.t().contiguous()))
+    assert torch.equal(bits(runs[True][0][0]), bits(x.t().contiguous()))
     plans = [p for (f, _), p in sim_replay._PLANS.items() if f is _transpose_blocks]
     assert isinstance(plans[-1], op_replay.Plan)
     assert sum(name.endswith("_scratch") for name in plans[-1].function.__globals__) == 2  # one per transpose
@@ -826,7 +823,7 @@ def test_transposing_copies_route_only_between_separate_regions(dtype):
         assert len(calls) == (2 if routed else 1), name
         if name != "overlapping":  # (left to torch's copy_ as recorded)
             _run_calls(calls, namespace)
-            assert torch.equal(_bits(namespace["pdst"]), _bits(expected)), name
+            assert torch.equal(bits(namespace["pdst"]), bits(expected)), name
 
 
 def _transposed_load(x):
@@ -851,8 +848,8 @@ def test_transposing_loads_out_of_arguments_replay_with_the_same_bits_and_trace(
     make = lambda call: torch.randn(rows, cols, generator=torch.Generator().manual_seed(call)).to(dtype)
     runs = _runs(_transposed_load, make)
     for (out, arg, ops), (ref_out, ref_arg, ref_ops) in zip(runs[True], runs[False]):
-        assert ops == ref_ops and torch.equal(_bits(out), _bits(ref_out)) and torch.equal(_bits(arg), _bits(ref_arg))
-        assert torch.equal(_bits(out), _bits(arg.t().contiguous()))
+        assert ops == ref_ops and torch.equal(bits(out), bits(ref_out)) and torch.equal(bits(arg), bits(ref_arg))
+        assert torch.equal(bits(out), bits(arg.t().contiguous()))
     plans = [p for (f, _), p in sim_replay._PLANS.items() if f is _transposed_load]
     assert isinstance(plans[-1], op_replay.Plan)
     scratches = sum(name.endswith("_scratch") for name in plans[-1].function.__globals__)
@@ -899,7 +896,7 @@ def test_transposing_loads_route_only_argument_views_whose_rows_alias(dtype):
             continue
         expected = dst.clone().copy_(arg.as_strided(sizes, strides, offset))
         _run_calls_with_results(calls, namespace)
-        assert torch.equal(_bits(namespace["pdst"]), _bits(expected)), name
+        assert torch.equal(bits(namespace["pdst"]), bits(expected)), name
 
 
 # -- repeated casts of an unchanged tile reused (sim/op_replay_casts.py) -----------------------------
@@ -936,7 +933,7 @@ def _replayed_and_not(kernel_func, a_cols: int, dtype) -> list:
             out, ops = _traced(lambda: kernel(a, b))
             found[replay].append((out.clone(), ops, a, b))
     for (out, ops, _, _), (ref_out, ref_ops, _, _) in zip(found[True], found[False]):
-        assert ops == ref_ops and torch.equal(_bits(out), _bits(ref_out))
+        assert ops == ref_ops and torch.equal(bits(out), bits(ref_out))
     out, _, a, b = found[True][-1]
     return out, a, b
 

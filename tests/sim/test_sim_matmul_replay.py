@@ -16,7 +16,8 @@ from neuron_inductor.sim import replay as sim_replay
 from neuron_inductor.sim.op_replay_bindings import _Dispatched
 from neuron_inductor.sim.op_replay_refs import Ref
 
-from .test_sim_replay_forwarding import _bits, _copy, _forwarded, _line, _run, _tiles
+from .helpers import bits
+from .test_sim_replay_forwarding import _copy, _forwarded, _line, _run, _tiles
 
 aten = torch.ops.aten
 
@@ -164,4 +165,4 @@ def test_a_recorded_out_write_ends_a_copy_only_where_it_overwrites_unread(case, 
         before, after = _run(lines, tiles), _run(out, tiles)
     finally:
         torch.set_num_threads(threads)
-    assert torch.equal(_bits(after["v1"]), _bits(before["v1"]))
+    assert torch.equal(bits(after["v1"]), bits(before["v1"]))

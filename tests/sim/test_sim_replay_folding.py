@@ -16,7 +16,8 @@ from neuron_inductor.sim import replay as sim_replay
 from neuron_inductor.sim import tensor as sim_tensor
 from neuron_inductor.sim.op_replay_refs import ref_names
 
-from .test_sim_fast_paths import _bits, _runs
+from .helpers import bits
+from .test_sim_fast_paths import _runs
 from .test_sim_replay_forwarding import _line
 
 aten = torch.ops.aten
@@ -50,7 +51,7 @@ def _call(lines: list, namespace: dict, number: int) -> dict:
 def _calls(lines: list, namespace: dict, calls: int = 3) -> list:
     """What the caller sees (the result v1, the argument a0) after each of `calls` calls of `lines`
     on `namespace`'s buffers, kept from call to call."""
-    return [(_bits(env["v1"]).clone(), _bits(env["a0"]).clone())
+    return [(bits(env["v1"]).clone(), bits(env["a0"]).clone())
             for env in (_call(lines, namespace, number) for number in range(calls))]
 
 
@@ -200,6 +201,6 @@ def test_a_masking_kernel_replays_with_the_same_bits_and_trace_and_its_compares_
     make = lambda call: torch.randn(rows, 96, generator=torch.Generator().manual_seed(call))  # noqa: E731
     runs = _runs(_causal_rows, make)
     for (out, arg, ops), (ref_out, ref_arg, ref_ops) in zip(runs[True], runs[False]):
-        assert ops == ref_ops and torch.equal(_bits(out), _bits(ref_out)) and torch.equal(arg, ref_arg)
+        assert ops == ref_ops and torch.equal(bits(out), bits(ref_out)) and torch.equal(arg, ref_arg)
     # per tile: the compare of the iota column with the key index (and its cast) no longer runs
     assert _calls_made(monkeypatch, True, make(0)) <= _calls_made(monkeypatch, False, make(0)) - 2 * ((rows + 127) // 128)

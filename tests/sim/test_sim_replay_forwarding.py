@@ -14,6 +14,8 @@ from neuron_inductor.sim import op_replay, op_replay_forwarding
 from neuron_inductor.sim import replay as sim_replay
 from neuron_inductor.sim.op_replay_refs import Ref
 
+from .helpers import bits
+
 aten = torch.ops.aten
 
 
@@ -74,10 +76,6 @@ def _forwarded(lines: list, tiles: dict, visible=("v1", "a0")) -> list:
                 and storage(line.outs.name) == storage(line.args[0].name)}
     namespace = {n: t for n, t in tiles.items() if n[0] in "pc"}
     return op_replay_forwarding.forwarded(lines, namespace, layouts, set(visible), aliasing, lambda line: True)
-
-
-def _bits(t: torch.Tensor) -> torch.Tensor:
-    return t.contiguous().view({torch.float32: torch.int32, torch.bfloat16: torch.int16}[t.dtype])
 
 
 def _reads(line) -> list:
@@ -199,7 +197,7 @@ def test_each_rule_gives_the_same_bits_and_skips_only_what_it_may(case, dtype):
     assert expected(out), [(line.func, _reads(line), line.kwargs) for line in out]
     before, after = _run(lines, tiles), _run(out, tiles)
     for name in ("v1", "a0"):
-        assert torch.equal(_bits(after[name]), _bits(before[name])), name
+        assert torch.equal(bits(after[name]), bits(before[name])), name
 
 
 # -- kernels, replayed and run normally ---------------------------------------------------------------
@@ -252,5 +250,5 @@ def test_forwarded_kernels_replay_with_the_same_bits_and_trace(dtype, rows, monk
                 out = kernel(x, y)
             found[replay].append((out.clone(), [(i.engine, i.op, i.bytes, i.operands) for i in recorded.instructions]))
     for (out, ops), (ref_out, ref_ops) in zip(found[True], found[False]):
-        assert ops == ref_ops and torch.equal(_bits(out), _bits(ref_out))
+        assert ops == ref_ops and torch.equal(bits(out), bits(ref_out))
     assert _calls_made(monkeypatch, True, *make(0)) < _calls_made(monkeypatch, False, *make(0))
