@@ -111,17 +111,21 @@ def test_kernels_equal_up_to_their_name_share_plans_and_keep_their_names():
     kernels = SimulatorToolchain("trn2").build({name: template.format(name=name) for name in ("k0_pw", "k1_pw")})
     x, y = torch.randn(128, 64), torch.randn(128, 64)
     with sim.trace() as first:
-        a = kernels["k0_pw"](x)
+        a = kernels["k0_pw"](x)  # the signature's first call: run
     with sim.trace() as twin:
-        b = kernels["k1_pw"](y)
-    torch.testing.assert_close(a, torch.exp(x) * 2)  # not overwritten by the twin's call
+        b = kernels["k1_pw"](y)  # its second, through the twin: recorded
+    with sim.trace() as replayed:
+        c = kernels["k0_pw"](y)  # replays the plan its twin recorded
+    torch.testing.assert_close(a, torch.exp(x) * 2)  # not overwritten by the twin's calls
     torch.testing.assert_close(b, torch.exp(y) * 2)
-    assert {i.kernel for i in first.instructions} == {"k0_pw"} and {i.kernel for i in twin.instructions} == {"k1_pw"}
+    assert torch.equal(c, b)
+    traces = [first, twin, replayed]
+    assert [{i.kernel for i in trace.instructions} for trace in traces] == [{"k0_pw"}, {"k1_pw"}, {"k0_pw"}]
     assert [(i.op, i.flops, i.bytes, i.operands) for i in twin.instructions] == \
-           [(i.op, i.flops, i.bytes, i.operands) for i in first.instructions]
-    plans = {func.__name__: plan for (func, _), plan in sim.replay._PLANS.items()
-             if func in (kernels["k0_pw"].func, kernels["k1_pw"].func)}
-    assert plans["k1_pw"].function is plans["k0_pw"].function  # replayed the twin's plan, not recorded again
+           [(i.op, i.flops, i.bytes, i.operands) for i in first.instructions] == \
+           [(i.op, i.flops, i.bytes, i.operands) for i in replayed.instructions]
+    (k0_plan,), (k1_plan,) = (sim.replay.plans(kernels[name].func) for name in ("k0_pw", "k1_pw"))
+    assert k1_plan.function is k0_plan.function  # one plan, recorded once
 
 
 def test_kernels_with_a_bounds_check_are_checked_on_zeros_and_bad_ids_first_raise_eagers_error(tmp_path, caplog):

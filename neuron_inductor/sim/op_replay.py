@@ -1,11 +1,12 @@
 """Record and replay of compute kernels as the torch operations their instructions ran.
 
 A kernel's control flow, rule checks and trace depend on its arguments' shapes only, so what its
-instructions do to torch storage is one fixed sequence of ATen operations per call signature. The
-first call runs normally under a TorchDispatchMode that records that sequence; later calls run it
+instructions do to torch storage is one fixed sequence of ATen operations per call signature. A
+call runs normally under a TorchDispatchMode that records that sequence (a signature's second call,
+replay.py: most are called once, and recording costs about what the run does); later calls run it
 as one generated straight-line Python function: the same operations on the same layouts in the
 same order, hence the same bits, without the NKI objects, index checks and rule checks (whose
-verdicts the first run took).
+verdicts the recorded run took).
 
 What the generated function leaves out, and why that changes no bit:
 - operations whose results nothing reads: the interpreter's bookkeeping (PSUM written masks, the

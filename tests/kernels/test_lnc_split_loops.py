@@ -224,8 +224,8 @@ def test_split_nest_picks_the_most_even_level():
 @pytest.mark.slow
 def test_compiled_split_kernels_replay_and_match_lnc1(fresh_compile_state):
     """Through torch.compile at lnc 1 and 2: pointwise, copy and reduction kernels launch with a grid of 2,
-    and every call (the first runs the kernels, later ones replay them, sim/replay.py) gives the LNC=1
-    results exactly and eager's within fp32 rounding."""
+    and every call (the first runs the kernels, the second records them, the third replays them, sim/replay.py)
+    gives the LNC=1 results exactly and eager's within fp32 rounding."""
     from neuron_inductor.observe import session
 
     def fn(x, y):

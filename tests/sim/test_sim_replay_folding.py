@@ -187,12 +187,14 @@ def _causal_rows(x):
 def _calls_made(monkeypatch, folding: bool, x) -> int:
     """The plan's replayed calls, recorded on fresh tiles (none of an earlier kernel's storage)."""
     sim_replay.forget()
+    kernel = sim.Kernel(_causal_rows, replay=True)
+    kernel(x)  # run normally: the next call records
     with monkeypatch.context() as patched:
         patched.setattr(sim_tensor, "_RECYCLED", {})
         if not folding:
             patched.setattr(op_replay_folding, "folded", lambda calls, *rest: (calls, 0))
-        sim.Kernel(_causal_rows, replay=True)(x)
-    (plan,) = [p for (f, _), p in sim_replay._PLANS.items() if f is _causal_rows]
+        kernel(x)
+    (plan,) = sim_replay.plans(_causal_rows)
     return plan.counts["replayed"]
 
 

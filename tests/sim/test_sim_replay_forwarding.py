@@ -227,11 +227,13 @@ def _staged_chain(x, y):
 
 def _calls_made(monkeypatch, forwarding: bool, x, y) -> int:
     sim_replay.forget()
+    kernel = sim.Kernel(_staged_chain, replay=True)
+    kernel(x, y)  # run normally: the next call records
     with monkeypatch.context() as patched:
         if not forwarding:
             patched.setattr(op_replay_forwarding, "forwarded", lambda calls, *rest: calls)
-        sim.Kernel(_staged_chain, replay=True)(x, y)
-    (plan,) = [p for (f, _), p in sim_replay._PLANS.items() if f is _staged_chain]
+        kernel(x, y)
+    (plan,) = sim_replay.plans(_staged_chain)
     return plan.counts["replayed"]
 
 
