@@ -40,13 +40,22 @@ def _nki_entries() -> list[str]:
 
 @contextlib.contextmanager
 def as_nki():
-    saved = {name: sys.modules.pop(name) for name in _nki_entries()}
+    # sys.modules holds thousands of names once transformers or diffusers are loaded, and the backend
+    # enters this per kernel it loads: it is scanned only where other nki entries may be (a real nki
+    # loaded, or modules imported inside), the facade's own names taken out directly otherwise
+    present = any(root in sys.modules for root in _ROOTS)
+    saved = {name: sys.modules.pop(name) for name in _nki_entries()} if present else {}
     sys.modules.update(_FACADE)
+    inside = len(sys.modules)
     try:
         yield nki_api
     finally:
-        for name in _nki_entries():
-            del sys.modules[name]
+        if len(sys.modules) == inside and all(sys.modules.get(name) is module for name, module in _FACADE.items()):
+            for name in _FACADE:
+                del sys.modules[name]
+        else:
+            for name in _nki_entries():
+                del sys.modules[name]
         sys.modules.update(saved)
 
 
