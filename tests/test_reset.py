@@ -25,7 +25,8 @@ def test_reset_forgets_programs_records_caches_and_memos(tmp_path):
     assert neuron_inductor.cache_stats()["compiles"] == 1
 
     neuron_inductor.reset()
-    assert not session.BUCKETS and not session.AOT_GRAPHS and not render._rendered and not replay._SEEN
+    assert not session.BUCKETS and not session.AOT_GRAPHS and not render._rendered
+    assert not replay._SEEN and not replay._PLANS
     assert neuron_inductor.cache_stats()["compiles"] == 0
 
     # the disk cache stays: the same graph after reset is a disk hit, counted from zero
