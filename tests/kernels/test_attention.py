@@ -297,6 +297,34 @@ def test_query_tile_rows_move_in_groups_of_eight():
     assert len(delta_sums) == 3 * case.q_heads
 
 
+def test_fp32_transposed_loads_fill_a_psum_bank_per_copy_and_read_each_input_once():
+    """fp32 Q^T / K^T / V^T / dO^T come from TensorE transposes, four 128-row tiles to a PSUM bank and one
+    copy out per bank: 1157 rows (10 tiles) take 3 copies per load, not 10. The forward loads a bank's
+    rows per DMA; the backward transposes the Q, dO and K rows it keeps anyway: every input crosses
+    from HBM once (the bytes of its HBM -> SBUF DMAs are its size; the LNC programs take one batch
+    each). Values: CASES (640 and 1100 rows)."""
+    case = Case(batch=2, q_len=1157, kv_len=1157, q_heads=2, kv_heads=1, causal=True, gqa="enable_gqa")
+    graphs = capture_graphs(attention(case), make_inputs(case), torch.randn(2, 2, 1157, 16))
+    traces, input_bytes, heads = {}, {}, {}
+    for kind, target in (("fw", FORWARD), ("bw", BACKWARD)):
+        gm, args = graphs[kind]
+        _, spec, kernel = kernel_for(gm, target)
+        values = graph_values(gm, args)
+        input_bytes[kind] = sum(values[n].nbytes for n in spec.inputs)
+        heads[kind] = spec.params["batch"] * (spec.params["q_heads"] + spec.params["kv_heads"])
+        with sim.trace() as traces[kind]:
+            kernel(*(values[n] for n in spec.inputs))
+    # copies of transposed [D = 16, rows] blocks out of PSUM
+    evacuations = {kind: [ins for ins in t.instructions if ins.op == "activation" and ins.buffers[1] == "psum"
+                          and ins.operands[1].shape[0] == 16] for kind, t in traces.items()}
+    loads = {"fw": heads["fw"], "bw": 2 * heads["bw"]}  # Q and K / Q, dO, K and V, per head they belong to
+    for kind in ("fw", "bw"):
+        assert len(evacuations[kind]) == 3 * loads[kind], kind
+        hbm_reads = sum(ins.bytes for ins in traces[kind].instructions
+                        if ins.op == "dma_copy" and ins.buffers[0] == "sbuf" and ins.buffers[1].endswith("hbm"))
+        assert hbm_reads == input_bytes[kind], kind
+
+
 def _named(spec):
     spec.name = "attention_fwd"
     return spec
