@@ -271,8 +271,11 @@ class Program:
         namespace: dict[str, Any] = {}
         exec(compile(self.artifact.wrapper_source, "<neuron_inductor wrapper>", "exec"), namespace)
         self._run = namespace["run"]
+        # The interpreter's kernels are called past their per-call Dynamo guard (`__call__` calls
+        # `launch` under torch._dynamo.disable): the whole program runs under one (`__call__` below).
+        kernels = {name: k.launch if isinstance(k, sim.Kernel) else k for name, k in vars(self.kernels).items()}
         # an indexing kernel's failed bounds check reaches the user as eager's exception
-        self.kernels = SimpleNamespace(**index_errors.guard_kernels(vars(self.kernels), self.artifact.meta.get("kernels", [])))
+        self.kernels = SimpleNamespace(**index_errors.guard_kernels(kernels, self.artifact.meta.get("kernels", [])))
 
     @classmethod
     def load(cls, artifact: CompiledArtifact, toolchain: Toolchain, constants: dict[str, torch.Tensor],
@@ -288,5 +291,7 @@ class Program:
         return cls(artifact, SimpleNamespace(**kernels), {name: constants[name] for name in artifact.constants},
                    static_gm, lowered)
 
+    @torch._dynamo.disable(reason="a compiled program runs its kernels and host steps as they are; Dynamo must "
+                                  "not trace it (it may run inside a compiled region, as the backward does)")
     def __call__(self, args: list) -> Any:
         return self._run(list(args), self.kernels, self.constants)

@@ -93,6 +93,29 @@ def test_mlp_trains_three_steps_like_eager():
             torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
 
 
+def test_training_step_inside_another_compiled_function_matches_eager():
+    """A compiled program runs its kernels past their per-call Dynamo guard, under one for the whole
+    program (compiler.Program): a neuron-compiled model whose forward and backward run inside a
+    function another torch.compile traces (a graph break at backward()) still gives eager's loss and
+    gradients."""
+    torch.manual_seed(0)
+    eager = MLP()
+    model = torch.compile(copy.deepcopy(eager), backend="neuron")
+
+    def step(x, y):
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        return loss.detach()
+
+    x, y = torch.randn(200, 48), torch.randn(200, 24)
+    loss = torch.compile(step, backend="eager")(x, y)
+    expected = torch.nn.functional.mse_loss(eager(x), y)
+    expected.backward()
+    torch.testing.assert_close(loss, expected.detach(), rtol=1e-4, atol=1e-6)
+    for got, want in zip(model.parameters(), eager.parameters()):
+        torch.testing.assert_close(got.grad, want.grad, rtol=1e-4, atol=1e-5)
+
+
 def test_mlp_bf16_forward_within_bf16_tolerance():
     torch.manual_seed(0)
     model = MLP().to(torch.bfloat16)

@@ -16,7 +16,6 @@ allocation of every program is one tensor).
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import itertools
 import os
@@ -49,10 +48,9 @@ class Kernel:
             raise NkiError(f"{self.func.__name__}[{grid}]: a grid is one or more positive ints")
         return Kernel(self.func, grid, self.platform_target, self.replay)
 
-    @torch._dynamo.disable(reason="an NKI kernel called directly in code torch.compile traces runs eagerly (a "
-                                  "graph break); register the function calling it with neuron_inductor.nki_op and "
-                                  "call the kernel through wrap_nki to make it a kernel of the compiled program")
-    def __call__(self, *args, **kwargs):
+    def launch(self, *args, **kwargs):
+        """The call, for callers Dynamo does not trace (the backend's compiled programs, which are
+        dynamo-disabled as a whole): `__call__` without its per-call Dynamo guard (~3 us a launch)."""
         program = context.running()
         if program is not None:  # a sub-kernel: "a nested @nki.jit sub-kernel ... inline[s]" (SpecializationConfig)
             if self.grid != (1,) and self.grid != program.grid:
@@ -60,6 +58,11 @@ class Kernel:
                                "a nested kernel runs inline in the caller's programs, so it takes no other grid")
             return self.func(*args, **kwargs)
         return run(self.func, self.grid, args, kwargs, self.platform_target, self.replay)
+
+    __call__ = torch._dynamo.disable(launch, reason="an NKI kernel called directly in code torch.compile traces runs "
+                                                    "eagerly (a graph break); register the function calling it with "
+                                                    "neuron_inductor.nki_op and call the kernel through wrap_nki to make "
+                                                    "it a kernel of the compiled program")
 
     def __repr__(self):
         grid = "" if self.grid == (1,) else f"[{', '.join(map(str, self.grid))}]"
@@ -109,18 +112,22 @@ def _launch(func, grid, args, kwargs, platform_target):
         return cores.run_programs(func, args, kwargs, target, grid, func.__name__)
 
 
-@contextlib.contextmanager
-def kernel_threads():
-    """Torch's intra-op threads set to `_kernel_threads()` inside (restored after)."""
-    threads, previous = _kernel_threads(), torch.get_num_threads()
-    if not threads or threads == previous:
-        yield
-        return
-    torch.set_num_threads(threads)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(previous)
+class kernel_threads:  # noqa: N801 (a context manager, named as contextlib's are)
+    """Torch's intra-op threads set to `_kernel_threads()` inside (restored after). A class rather than
+    a generator context manager: it is entered on every kernel launch."""
+
+    __slots__ = ("previous",)
+
+    def __enter__(self) -> None:
+        threads, self.previous = _kernel_threads(), torch.get_num_threads()
+        if not threads or threads == self.previous:
+            self.previous = None
+        else:
+            torch.set_num_threads(threads)
+
+    def __exit__(self, *exc) -> None:
+        if self.previous is not None:
+            torch.set_num_threads(self.previous)
 
 
 def _kernel_threads() -> int:

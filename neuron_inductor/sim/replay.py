@@ -136,7 +136,7 @@ def signature(args: tuple, kwargs: dict, grid, platform_target) -> tuple | None:
         if type(a) not in _TENSOR_TYPES or (a.requires_grad and grad) or a.is_meta:
             return None
         storage = storages.setdefault(a.untyped_storage().data_ptr(), len(storages))
-        parts.append((tuple(a.shape), a.stride(), a.storage_offset(), a.dtype, storage))
+        parts.append((a.shape, a.stride(), a.storage_offset(), a.dtype, storage))  # (a torch.Size is a tuple)
     return (tuple(parts), grid, torch.is_inference_mode_enabled(), get_target(platform_target).name, os.environ.get(dtypes.FP32_STORAGE_ENV, ""),
             os.environ.get(rules.STRICT_ENV, ""))
 
@@ -252,12 +252,12 @@ def run(func, args: tuple, kwargs: dict, grid, platform_target, launch, unwrap):
     key = signature(args, kwargs, grid, platform_target)
     if key is None or _RECORDER is not None:
         return unwrap(launch())
-    if _TWINS and func in _TWINS and (func, key) not in _PLANS and len(_PLANS) < _MAX_PLANS:
-        twin = _twin_plan(func, key)
-        if twin is not None:
-            _PLANS[func, key] = twin
     signature_key, key = key, (func, key)
     plan = _PLANS.get(key, _NOT_RECORDED)  # (one lookup: a signature's hash is not cached)
+    if plan is _NOT_RECORDED and func in _TWINS and len(_PLANS) < _MAX_PLANS:
+        twin = _twin_plan(func, signature_key)
+        if twin is not None:
+            _PLANS[key] = plan = twin
     if plan is not _NOT_RECORDED:
         if plan is not None:
             try:

@@ -139,7 +139,7 @@ class FirstUseCheck:
 
     def __call__(self, *args):
         if self.checked:
-            return self.kernel(*args)
+            return self.kernel.launch(*args)  # inside a program: see Program.__post_init__
         ran = []
 
         def run_check() -> dict:
