@@ -188,6 +188,19 @@ def check_with_grads(rows, dim, vocab, dtype, reduction, eps=0.0, target=None, l
     return spec
 
 
+def test_targets_move_by_whole_row_tiles():
+    """A block's targets arrive by one DMA for its whole row tiles and one for a last partial tile, and
+    each step on them (int -> fp32, != ignore_index, the range check) is one instruction over those
+    tiles: 1020 rows (7 tiles and 124 rows, every third ignored) take 2 target DMAs to count the rows
+    not ignored and 2 for the block's pass, where one per row tile took 16 (and the bounds check's one
+    probe of 128 elements, _bounds.py.j2); loss and gradients as eager's (check_with_grads)."""
+    with sim.trace() as recorded:
+        check_with_grads(1020, 64, 256, torch.float32, "mean", lnc=1)
+    target_loads = [i for i in recorded.instructions if i.op == "dma_copy" and i.dtypes == ("int32", "int32")]
+    assert len(target_loads) == 4 + 1
+    assert sum(i.bytes for i in target_loads) == 2 * 1020 * 4 + 128 * 4
+
+
 @pytest.mark.parametrize("lnc", [1, 2])
 @pytest.mark.parametrize("rows,dim", [(128, 128), (130, 96)])
 @pytest.mark.parametrize("dtype", DTYPES)
