@@ -13,7 +13,9 @@ For the tiny config (2 layers, dim 64) in fp32 and bf16, and for dim 1024 x seq 
   inflates its wall time, so the CPU-time ratio is the steadier one. A bf16 step is also compared
   with eager's fp32 step of the same model ("vs fp32 eager"): on a CPU without native bf16 (AVX2
   only) eager's bf16 kernels are several times slower than its fp32 ones, which would flatter the
-  bf16 ratio; the interpreter computes bf16 work in fp32 anyway.
+  bf16 ratio; the interpreter computes bf16 work in fp32 anyway. "round ratio" is the median over
+  the rounds of compiled / eager CPU time: on a machine whose speed swings within minutes (a VM),
+  the two bests may come from different minutes, while a round's two steps run seconds apart.
 Then the first step (trace + compile + run) of the dim-1024 model, neuron and inductor side by side,
 each in a fresh subprocess with empty caches (goal: neuron no slower). Every number is a ratio
 taken within one run: the machine may be shared, and absolute times move with its load.
@@ -48,17 +50,23 @@ SDPA_OPS = {aten._scaled_dot_product_flash_attention_for_cpu.default,
             aten._scaled_dot_product_flash_attention_for_cpu_backward.default}
 
 
-def best_times(steps: dict, repeats: int) -> dict:
-    """Best wall and CPU seconds of each step, the steps taking turns so that a machine whose load
-    changes slows them alike (the ratio is what matters)."""
-    best = {name: {"wall": float("inf"), "cpu": float("inf")} for name in steps}
+def round_times(steps: dict, repeats: int) -> dict:
+    """Wall and CPU seconds of each step in each round, the steps taking turns so that a machine whose
+    load changes slows them alike (the ratio is what matters)."""
+    rounds = {name: {"wall": [], "cpu": []} for name in steps}
     for _ in range(repeats):
         for name, step in steps.items():
             wall, cpu = time.perf_counter(), time.process_time()
             step()
-            best[name]["wall"] = min(best[name]["wall"], time.perf_counter() - wall)
-            best[name]["cpu"] = min(best[name]["cpu"], time.process_time() - cpu)
-    return best
+            rounds[name]["wall"].append(time.perf_counter() - wall)
+            rounds[name]["cpu"].append(time.process_time() - cpu)
+    return rounds
+
+
+def median_round_ratio(rounds: dict, clock: str = "cpu") -> float:
+    """The median over rounds of compiled / eager: steadier than the ratio of the bests on a machine
+    whose speed swings (a round's two steps ran seconds apart; the bests may come from other minutes)."""
+    return statistics.median(c / e for c, e in zip(rounds["compiled"][clock], rounds["eager"][clock]))
 
 
 TINY = dict(vocab_size=256, dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=176)
@@ -90,8 +98,10 @@ def measure(config: dict, dtype: torch.dtype, batch: int, seq: int, repeats: int
     if dtype is not torch.float32:
         eager_fp32 = TinyLlama(config)
         steps["eager fp32"] = lambda: eager_fp32(ids, ids).backward()
-    best = best_times(steps, repeats)
+    rounds = round_times(steps, repeats)
+    best = {name: {clock: min(times) for clock, times in clocks.items()} for name, clocks in rounds.items()}
     return {"fallbacks": fallbacks, "tensor_flops": tensor_flops, "useful_flops": useful, "best": best,
+            "round_ratio": median_round_ratio(rounds),
             "instructions": len(recorded.instructions),
             "trn2_seconds": recorded.estimate(target="trn2").total_seconds}
 
@@ -154,10 +164,11 @@ def main() -> None:
     if not args.no_large and not args.no_steady:
         runs.append(("1 layer x 1024", LARGE, torch.bfloat16, LARGE_SHAPE))
     if runs:
-        print("steady step, best of --repeats, compiled and eager taking turns; wall and CPU (process) time")
+        print("steady step, best of --repeats, compiled and eager taking turns; wall and CPU (process) time; "
+              "round ratio: the median over the rounds of compiled / eager CPU time")
         print(f"{'model':<28} {'dtype':<9} {'fallbacks':<12} {'TensorE/eager FLOPs':>20} {'NKI instr':>10} "
               f"{'Trn2 est us':>12} {'interp s':>9} {'eager s':>8} {'wall ratio':>11} {'interp cpu':>11} {'eager cpu':>10} "
-              f"{'CPU ratio':>10} {'vs fp32 eager':>14}")
+              f"{'CPU ratio':>10} {'vs fp32 eager':>14} {'round ratio':>12}")
     for name, config, dtype, (batch, seq) in runs:
         r = measure(config, dtype, batch, seq, args.repeats if config is TINY else min(args.repeats, 2))
         compiled, eager = r["best"]["compiled"], r["best"]["eager"]
@@ -167,7 +178,8 @@ def main() -> None:
               f"{r['trn2_seconds'] * 1e6:>12.0f} {compiled['wall']:>9.3f} {eager['wall']:>8.3f} "
               f"{compiled['wall'] / eager['wall']:>10.2f}x {compiled['cpu']:>11.3f} {eager['cpu']:>10.3f} "
               f"{compiled['cpu'] / eager['cpu']:>9.2f}x "
-              f"{compiled['cpu'] / r['best'].get('eager fp32', eager)['cpu']:>13.2f}x", flush=True)
+              f"{compiled['cpu'] / r['best'].get('eager fp32', eager)['cpu']:>13.2f}x "
+              f"{r['round_ratio']:>11.2f}x", flush=True)
     if not args.no_first_step:
         print(f"first bf16 step (trace + compile + run, empty caches), 1 layer x 1024, "
               f"{LARGE_SHAPE[0]} x {LARGE_SHAPE[1]}, fresh process each, the two taking turns")
