@@ -20,7 +20,7 @@ Then the first step (trace + compile + run) of the dim-1024 model, neuron and in
 each in a fresh subprocess with empty caches (goal: neuron no slower). Every number is a ratio
 taken within one run: the machine may be shared, and absolute times move with its load.
 
-    python bench/train_step.py [--seq 256] [--batch 4] [--repeats 3] [--threads 1] [--no-tiny] [--no-large] [--no-first-step]
+    python bench/train_step.py [--seq 256] [--batch 4] [--repeats 7] [--threads 1] [--no-tiny] [--no-large] [--no-first-step]
                                [--first-step-repeats 3] [--no-steady]
 """
 
@@ -146,7 +146,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--seq", type=int, default=256)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=7,
+                        help="rounds of the steady steps (the dim-1024 step: at most 2); on a machine whose speed "
+                             "swings, a few rounds may not catch a quiet moment for both sides")
     parser.add_argument("--threads", type=int, default=0,
                         help="torch intra-op threads for eager and host ops (0: torch's default); 1 compares "
                              "like with like, the interpreter's kernels run on one thread")
